@@ -1,0 +1,142 @@
+"""Reject template answers that would bake a broken project.
+
+The answers reach this script as JSON data rendered with ``tojson`` and are only
+ever parsed with ``json.loads``: an answer full of quotes or Python code stays a
+string and cannot execute. The checks are plain functions so the template's own
+tests can import and call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+import sys
+
+SLUG_PATTERN = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+PACKAGE_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
+# Kafka's own rule (org.apache.kafka.common.internals.Topic): ASCII letters,
+# digits, '.', '_' and '-', at most 249 characters, and not '.' or '..'.
+TOPIC_PATTERN = re.compile(r"[a-zA-Z0-9._-]+")
+TOPIC_MAX_LENGTH = 249
+DURATION_PATTERN = re.compile(r"(\d+) (second|minute|hour|day)s?")
+SECONDS_PER_UNIT = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+MAX_WINDOW_SECONDS = 7 * 86400
+# A package with one of these names would shadow a dependency at import time.
+DEPENDENCY_MODULES = {"pyspark", "delta", "confluent_kafka", "chispa", "pytest", "py4j", "kafka", "tests"}
+SASL_PROTOCOLS = {"SASL_SSL"}
+
+
+def check_project_name(name: str) -> list[str]:
+    if not name.strip():
+        return ["project_name: must not be empty"]
+    return []
+
+
+def check_slug(slug: str) -> list[str]:
+    if not SLUG_PATTERN.fullmatch(slug):
+        return [
+            f"project_slug: {slug!r} is not a valid slug; use lowercase letters, digits and "
+            "single hyphens, starting with a letter (it names the directory, the "
+            "distribution and the console script)"
+        ]
+    return []
+
+
+def check_package(package: str) -> list[str]:
+    if not PACKAGE_PATTERN.fullmatch(package):
+        return [
+            f"package_name: {package!r} is not a valid Python package name; use lowercase "
+            "letters, digits and underscores, starting with a letter"
+        ]
+    if keyword.iskeyword(package):
+        return [f"package_name: {package!r} is a Python keyword"]
+    if package in sys.stdlib_module_names or package in DEPENDENCY_MODULES:
+        return [f"package_name: {package!r} would shadow the module of the same name"]
+    return []
+
+
+def parse_topics(raw: str) -> list[str]:
+    return [topic.strip() for topic in raw.split(",")]
+
+
+def check_topics(raw: str) -> list[str]:
+    topics = parse_topics(raw)
+    errors = []
+    for topic in topics:
+        if not topic:
+            errors.append(f"kafka_topics: {raw!r} contains an empty topic name")
+        elif topic in {".", ".."}:
+            errors.append(f"kafka_topics: {topic!r} is not allowed as a Kafka topic name")
+        elif len(topic) > TOPIC_MAX_LENGTH:
+            errors.append(
+                f"kafka_topics: {topic[:40]!r}... is {len(topic)} characters long; "
+                f"Kafka allows at most {TOPIC_MAX_LENGTH}"
+            )
+        elif not TOPIC_PATTERN.fullmatch(topic):
+            errors.append(
+                f"kafka_topics: {topic!r} has characters Kafka refuses; use ASCII letters, "
+                "digits, '.', '_' and '-'"
+            )
+    if len(set(topics)) != len(topics):
+        errors.append(f"kafka_topics: {raw!r} names a topic more than once")
+    # Kafka treats '.' and '_' as the same in metric names and refuses to create
+    # a topic whose name collides with an existing one that way.
+    collapsed = [topic.replace(".", "_") for topic in set(topics)]
+    if len(set(collapsed)) != len(collapsed):
+        errors.append(f"kafka_topics: {raw!r} has topics that collide once '.' and '_' are equated")
+    return errors
+
+
+def window_seconds(duration: str) -> int | None:
+    """Seconds in a duration such as '1 minute' or '30 seconds'; None if it does not parse."""
+    match = DURATION_PATTERN.fullmatch(duration.strip())
+    if not match:
+        return None
+    return int(match.group(1)) * SECONDS_PER_UNIT[match.group(2)]
+
+
+def check_window(duration: str) -> list[str]:
+    seconds = window_seconds(duration)
+    if seconds is None:
+        return [
+            f"gold_window_duration: {duration!r} does not parse; write '<number> <unit>' "
+            "with unit second, minute, hour or day, e.g. '1 minute' or '30 seconds'"
+        ]
+    if not 1 <= seconds <= MAX_WINDOW_SECONDS:
+        return [f"gold_window_duration: {duration!r} must be between 1 second and 7 days"]
+    return []
+
+
+def check_security(protocol: str, mechanism: str) -> list[str]:
+    if protocol in SASL_PROTOCOLS and mechanism == "none":
+        return [f"kafka_sasl_mechanism: kafka_security_protocol {protocol} needs a SASL mechanism"]
+    if protocol not in SASL_PROTOCOLS and mechanism != "none":
+        return [
+            f"kafka_sasl_mechanism: {mechanism} only applies to SASL_SSL, "
+            f"not to kafka_security_protocol {protocol}"
+        ]
+    return []
+
+
+def validate(answers: dict) -> list[str]:
+    return [
+        *check_project_name(answers["project_name"]),
+        *check_slug(answers["project_slug"]),
+        *check_package(answers["package_name"]),
+        *check_topics(answers["kafka_topics"]),
+        *check_window(answers["gold_window_duration"]),
+        *check_security(answers["kafka_security_protocol"], answers["kafka_sasl_mechanism"]),
+    ]
+
+
+def main(answers_json: str) -> int:
+    errors = validate(json.loads(answers_json))
+    for error in errors:
+        print(f"ERROR: {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    # tojson escapes quotes (including ') so the rendered JSON cannot end this raw string.
+    sys.exit(main(r'{{ cookiecutter | tojson }}'))

@@ -1,0 +1,256 @@
+"""Command line: a thin layer over the pipeline modules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+
+from . import checkpoints
+from .config import Config, ConfigError, load_config
+from .kafka_local import LocalKafka, resolve_broker_jars
+
+EXIT_CONFIG = 2
+EXIT_UNSAFE_START = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--env", help="config environment (default: $PIPELINE_ENV or 'local')")
+    parser.add_argument("--config", help="config file replacing the packaged one ($PIPELINE_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run pipeline streams")
+    run.add_argument("--layer", choices=["bronze", "silver", "gold", "all"], default="all")
+    run.add_argument(
+        "--available-now", action="store_true", help="process everything available, then exit 0"
+    )
+
+    produce = commands.add_parser("produce-sample", help="produce sample events to the first configured topic")
+    produce.add_argument("--count", type=int, required=True)
+    produce.add_argument("--malformed-ratio", type=float, default=0.0)
+    produce.add_argument("--seed", type=int, default=7)
+
+    describe = commands.add_parser("describe", help="streams, tables and checkpoints")
+    describe.add_argument("--json", action="store_true")
+
+    audit = commands.add_parser("audit", help="reconcile Kafka, bronze, silver, quarantine and gold")
+    audit.add_argument("--json", action="store_true")
+
+    cps = commands.add_parser("checkpoints", help="list or reset stream checkpoints")
+    cp_actions = cps.add_subparsers(dest="action", required=True)
+    cp_actions.add_parser("list")
+    reset = cp_actions.add_parser("reset", help="reset a stream and everything downstream of it")
+    reset.add_argument("stream", choices=["bronze", "silver", "gold"])
+
+    show = commands.add_parser("show", help="print a table")
+    show.add_argument("table", choices=["bronze", "silver", "quarantine", "gold"])
+    show.add_argument("--limit", type=int, default=20)
+
+    local = commands.add_parser("kafka-local", help="a single-node Kafka broker for development")
+    local.add_argument("action", choices=["start", "stop", "status"])
+
+    commands.add_parser("setup", help="download and cache every JVM jar (Spark packages, Kafka broker)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load_config(args.env, args.config)
+        return COMMANDS[args.command](config, args)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except checkpoints.CheckpointError as error:
+        print(f"refusing to start: {error}", file=sys.stderr)
+        return EXIT_UNSAFE_START
+
+
+def _spark(config: Config, app: str):
+    from .spark import build_spark
+
+    spark = build_spark(
+        app_name=app,
+        master=config.spark_master,
+        shuffle_partitions=config.shuffle_partitions,
+        ui_enabled=config.spark_ui_enabled,
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from .progress import ProgressReporter
+    from .streams import LAYERS, start_stream
+    from .tables import Lakehouse, ensure_tables
+
+    spark = _spark(config, f"pipeline-{args.layer}")
+    ensure_tables(spark, Lakehouse(config.lakehouse_root))
+    spark.streams.addListener(ProgressReporter())
+    layers = LAYERS if args.layer == "all" else (args.layer,)
+    if args.available_now:
+        # One layer after the other, so each sees everything the one before wrote.
+        for layer in layers:
+            start_stream(spark, config, layer, available_now=True).awaitTermination()
+        return 0
+    queries = [start_stream(spark, config, layer, available_now=False) for layer in layers]
+    stop_requested = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop_requested.set())
+    while not stop_requested.is_set() and all(query.isActive for query in queries):
+        stop_requested.wait(1.0)
+    for query in queries:
+        _stop_after_current_batch(query)
+    failed = [query for query in queries if query.exception() is not None]
+    for query in failed:
+        print(f"stream {query.name} failed: {query.exception()}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
+    # stop() interrupts a running batch; it would be replayed on restart (still
+    # exactly-once), but waiting for the trigger to finish stops cleanly.
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    query.stop()
+
+
+def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
+    from .kafka_io import client_config, ensure_topics
+    from .sample import produce, sample_records
+
+    if config.kafka.bootstrap_servers == "local":
+        ensure_topics(config)
+    topic = config.kafka.topics[0]
+    sent = produce(
+        client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio)
+    )
+    print(f"produced {sent} records to {topic}")
+    return 0
+
+
+def describe(config: Config) -> dict:
+    from .streams import STREAMS
+    from .tables import SCHEMAS, Lakehouse
+
+    lakehouse = Lakehouse(config.lakehouse_root)
+    return {
+        "env": config.env,
+        "lakehouse_root": config.lakehouse_root,
+        "streams": {
+            name: {
+                "source": f"kafka:{','.join(config.kafka.topics)}"
+                if stream.source == "kafka"
+                else lakehouse.table(stream.source),
+                "sinks": {table: lakehouse.table(table) for table in stream.sink_tables},
+                "checkpoint": lakehouse.checkpoint(name),
+                "downstream": list(stream.downstream),
+            }
+            for name, stream in STREAMS.items()
+        },
+        "tables": {name: lakehouse.table(name) for name in SCHEMAS},
+    }
+
+
+def cmd_describe(config: Config, args: argparse.Namespace) -> int:
+    description = describe(config)
+    if args.json:
+        print(json.dumps(description, indent=2))
+        return 0
+    print(f"env {description['env']}, lakehouse {description['lakehouse_root']}")
+    for name, stream in description["streams"].items():
+        print(f"stream {name}: {stream['source']} -> {', '.join(stream['sinks'].values())}")
+        print(f"  checkpoint {stream['checkpoint']}")
+    return 0
+
+
+def cmd_audit(config: Config, args: argparse.Namespace) -> int:
+    from .audit import run_audit
+
+    report = run_audit(_spark(config, "audit"), config)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        for section in ("counts", "errors", "warnings"):
+            print(section)
+            for name, value in getattr(report, section).items():
+                print(f"  {name:<50} {value:>10}")
+        print(f"audit verdict: {'clean' if report.clean else 'FAILED'}")
+    return 0 if report.clean else 1
+
+
+def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
+    from .streams import STREAMS, with_downstream
+    from .tables import Lakehouse
+
+    spark = _spark(config, "checkpoints")
+    lakehouse = Lakehouse(config.lakehouse_root)
+    if args.action == "reset":
+        streams = with_downstream(args.stream)
+        checkpoints.reset(spark, lakehouse, streams)
+        print(f"reset {', '.join(streams)}; the next run resumes consistently (gold is rebuilt from silver)")
+        return 0
+    for name, stream in STREAMS.items():
+        state = checkpoints.inspect(spark, lakehouse, name, stream.sink_tables)
+        versions = ", ".join(f"{table} v{version}" for table, version in state.table_versions.items())
+        print(
+            f"{name:<7} {state.status:<20} last batch {state.last_batch}  sinks: {versions}\n"
+            f"        checkpoint {state.checkpoint} (stream id {state.stream_id})"
+        )
+    return 0
+
+
+def cmd_show(config: Config, args: argparse.Namespace) -> int:
+    from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+
+    name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
+    table = _spark(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
+    ordering = ["window_start", "event_type"] if args.table == "gold" else ["topic", "partition", "offset"]
+    print(f"{name}: {table.count()} rows")
+    table.orderBy(*ordering).show(args.limit, truncate=False)
+    return 0
+
+
+def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
+    broker = LocalKafka(config.kafka_local_home)
+    if args.action == "start":
+        try:
+            print(broker.start())
+        except RuntimeError as error:
+            print(f"kafka-local: {error}", file=sys.stderr)
+            return 1
+        return 0
+    if args.action == "stop":
+        print("stopped" if broker.stop() else "not running")
+        return 0
+    status = broker.status()
+    print(json.dumps(status, default=str) if status else "not running")
+    return 0 if status else 1
+
+
+def cmd_setup(config: Config, args: argparse.Namespace) -> int:
+    jars = resolve_broker_jars()
+    print(f"Kafka broker: {len(jars)} jars cached")
+    spark = _spark(config, "setup")
+    print(f"Spark {spark.version} with Delta Lake and the Kafka connector: jars cached")
+    spark.stop()
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "produce-sample": cmd_produce_sample,
+    "describe": cmd_describe,
+    "audit": cmd_audit,
+    "checkpoints": cmd_checkpoints,
+    "show": cmd_show,
+    "kafka-local": cmd_kafka_local,
+    "setup": cmd_setup,
+}

@@ -1,0 +1,326 @@
+"""Run a real single-node Apache Kafka broker (KRaft, combined broker+controller) as a plain JVM.
+
+Jars come from Maven Central via the Ivy jar that pyspark ships: no Docker, no Kafka install.
+
+    <console script> kafka-local start    # prints the bootstrap address
+    <console script> kafka-local status   # exit code 1 when not running
+    <console script> kafka-local stop
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+KAFKA_VERSION = "3.9.1"
+SCALA_BINARY_VERSION = "2.13"
+# Kafka 3.9's own distribution logs through slf4j 1.7 -> reload4j (the log4j 1.x API), and the
+# broker's Log4jController needs those log4j 1.x classes, so ship exactly that binding.
+SLF4J_VERSION = "1.7.36"
+RELOAD4J_VERSION = "1.2.25"
+
+_JVM_OPTS = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+_LOG4J_PROPERTIES = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+"""
+_IVY_XML = """\
+<ivy-module version="2.0">
+  <info organisation="local" module="lakehouse-kafka-broker"/>
+  <configurations><conf name="default"/></configurations>
+  <dependencies>
+    <dependency org="org.apache.kafka" name="kafka_{scala}" rev="{kafka}" conf="default->default"/>
+    <dependency org="org.slf4j" name="slf4j-reload4j" rev="{slf4j}" conf="default->default"/>
+    <dependency org="ch.qos.reload4j" name="reload4j" rev="{reload4j}" conf="default->default"/>
+  </dependencies>
+</ivy-module>
+"""
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("java not found: install a JDK (17+) or set JAVA_HOME")
+    return java
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _ivy_jar() -> Path:
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("pyspark is not installed; its bundled Ivy jar resolves the Kafka jars")
+    jars = sorted((Path(spec.origin).parent / "jars").glob("ivy-*.jar"))
+    if not jars:
+        raise RuntimeError(f"no ivy-*.jar in {Path(spec.origin).parent / 'jars'}")
+    return jars[-1]
+
+
+def resolve_broker_jars(cache_dir: Path | None = None) -> list[Path]:
+    """Return the broker classpath, downloading it from Maven Central on first use only."""
+    base = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = Path(base) / "lakehouse-kafka"
+    dist = root / f"kafka_{SCALA_BINARY_VERSION}-{KAFKA_VERSION}"
+    libs = dist / "libs"
+    # The marker is written last and lists the jars, so an interrupted retrieve is redone.
+    marker = dist / "libs.complete"
+    if marker.exists():
+        jars = [libs / name for name in marker.read_text().split()]
+        if jars and all(jar.exists() for jar in jars):
+            return jars
+        marker.unlink()
+
+    dist.mkdir(parents=True, exist_ok=True)
+    ivy_xml = dist / "ivy.xml"
+    ivy_xml.write_text(_IVY_XML.format(
+        scala=SCALA_BINARY_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, reload4j=RELOAD4J_VERSION
+    ))
+    cmd = [
+        _java(), "-jar", str(_ivy_jar()),
+        "-cache", str(root / "ivy-cache"),
+        "-ivy", str(ivy_xml),
+        "-confs", "default",
+        # Several Kafka deps (snappy-java, scala-logging, dropwizard metrics) are OSGi "bundle"s.
+        "-types", "jar", "bundle",
+        # -sync removes leftovers of an earlier, interrupted retrieve.
+        "-sync", "-retrieve", str(libs) + "/[artifact]-[revision](-[classifier]).[ext]",
+    ]
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    (dist / "ivy.log").write_text(result.stdout)
+    jars = sorted(libs.glob("*.jar")) if libs.is_dir() else []
+    if result.returncode != 0 or not (libs / f"kafka_{SCALA_BINARY_VERSION}-{KAFKA_VERSION}.jar").exists():
+        raise RuntimeError(
+            f"Ivy could not resolve Kafka {KAFKA_VERSION} (exit {result.returncode}):\n{_tail(result.stdout)}"
+        )
+    marker.write_text("\n".join(jar.name for jar in jars) + "\n")
+    return jars
+
+
+def _random_cluster_id() -> str:
+    # Kafka's Uuid string form: unpadded base64url of 16 random bytes. A leading '-' would be
+    # taken for an option by StorageTool's argument parser, so draw again (as Kafka does).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # The JVM binds with SO_REUSEADDR, so TIME_WAIT leftovers of our last run don't block it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _pick_ports(previous: list[int | None]) -> list[int]:
+    """Reuse each previous port that is still free, so the bootstrap address survives restarts."""
+    chosen: list[int] = []
+    for port in previous:
+        while not port or port in chosen or not _port_is_free(port):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        chosen.append(port)
+    return chosen
+
+
+class LocalKafka:
+    """A broker whose config, data, log and state all live in one `home` directory."""
+
+    def __init__(self, home: Path):
+        self.home = Path(home).resolve()
+        self.config_path = self.home / "server.properties"
+        self.log4j_path = self.home / "log4j.properties"
+        self.data_dir = self.home / "data"
+        self.log_path = self.home / "logs" / "broker.log"
+        self.state_path = self.home / "broker.json"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        status = self.status()
+        return status["bootstrap"] if status else None
+
+    def status(self) -> dict | None:
+        state = self._read_state()
+        pid = state.get("pid")
+        if not pid or not self._is_our_broker(pid):
+            return None
+        return {"pid": pid, "bootstrap": state["bootstrap"], "home": str(self.home)}
+
+    def start(self, timeout: float = 90.0) -> str:
+        running = self.bootstrap_servers
+        if running:
+            return running
+        jars = resolve_broker_jars()
+        state = self._read_state()
+        port, controller_port = _pick_ports([state.get("port"), state.get("controller_port")])
+        bootstrap = f"127.0.0.1:{port}"
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_config(port, controller_port)
+        self.log4j_path.write_text(_LOG4J_PROPERTIES)
+        classpath = os.pathsep.join(str(jar) for jar in jars)
+        jvm = [_java(), *_JVM_OPTS, f"-Dlog4j.configuration={self.log4j_path.as_uri()}", "-cp", classpath]
+        if not (self.data_dir / "meta.properties").exists():
+            self._format_storage(jvm)
+
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            log.write(f"==== starting Kafka {KAFKA_VERSION} at {time.ctime()} ====\n".encode())
+            log.flush()
+            # A new session detaches the broker, so it outlives a short-lived CLI and ignores its Ctrl-C.
+            proc = self._proc = subprocess.Popen(
+                [*jvm, "kafka.Kafka", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.home, start_new_session=True,
+            )
+        self._write_state(
+            pid=proc.pid, port=port, controller_port=controller_port,
+            bootstrap=bootstrap, cluster_id=self._cluster_id(),
+        )
+        self._wait_ready(proc, bootstrap, time.monotonic() + timeout, log_offset)
+        return bootstrap
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        state = self._read_state()
+        pid = state.pop("pid", None)
+        was_running = bool(pid) and self._is_our_broker(pid)
+        if was_running:
+            # The broker may exit on its own between the check and the signal.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                if not self._wait_gone(pid, timeout):
+                    os.kill(pid, signal.SIGKILL)
+                    self._wait_gone(pid, 10.0)
+        if self.state_path.exists():
+            self._write_state(**state)
+        self._proc = None
+        return was_running
+
+    def _write_config(self, port: int, controller_port: int) -> None:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # A single node cannot satisfy the production defaults of 3 replicas.
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "min.insync.replicas": "1",
+            "default.replication.factor": "1",
+            "num.partitions": "1",
+            # 50 partitions per internal topic only slow down the first group and transaction here.
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.num.partitions": "1",
+            # Consumers in tests should not wait 3 s for group members that never come.
+            "group.initial.rebalance.delay.ms": "0",
+            # Topics are created explicitly, so a typo fails instead of silently creating one.
+            "auto.create.topics.enable": "false",
+        }
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def _format_storage(self, jvm: list[str]) -> None:
+        cmd = [*jvm, "kafka.tools.StorageTool", "format", "-t", _random_cluster_id(), "-c", str(self.config_path)]
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        with open(self.log_path, "a") as log:
+            log.write(result.stdout)
+        if result.returncode != 0:
+            raise RuntimeError(f"formatting {self.data_dir} failed:\n{_tail(result.stdout)}")
+
+    def _cluster_id(self) -> str | None:
+        lines = (self.data_dir / "meta.properties").read_text().splitlines()
+        return next((line.partition("=")[2] for line in lines if line.startswith("cluster.id=")), None)
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], bootstrap: str, deadline: float, log_offset: int) -> None:
+        # A short reconnect backoff notices the listener quickly; log_level 0 hides the
+        # "connection refused" noise librdkafka prints while the JVM is still booting.
+        admin = AdminClient({"bootstrap.servers": bootstrap, "reconnect.backoff.max.ms": 500, "log_level": 0})
+        while proc.poll() is None:
+            try:
+                if admin.list_topics(timeout=1).brokers:
+                    return
+            except KafkaException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Kafka at {bootstrap} not ready in time:\n{self._log_since(log_offset)}")
+        self.stop()
+        raise RuntimeError(f"Kafka exited with code {proc.returncode} while starting:\n{self._log_since(log_offset)}")
+
+    def _log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return _tail(log.read().decode(errors="replace"))
+
+    def _is_our_broker(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None  # also reaps our own exited child
+        if Path("/proc/self/cmdline").exists():
+            # The pid may have been reused by another process since broker.json was written.
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                return False
+            return b"kafka.Kafka" in args and str(self.config_path).encode() in args
+        try:  # without /proc, a live pid is the best evidence there is
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def _wait_gone(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._is_our_broker(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, **state: object) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(tmp, self.state_path)
+
+
+def running_bootstrap(home: Path) -> str | None:
+    return LocalKafka(home).bootstrap_servers

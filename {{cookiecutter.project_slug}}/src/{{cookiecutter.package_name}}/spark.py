@@ -1,0 +1,37 @@
+"""The one place a SparkSession is built: Delta Lake plus the Kafka connector."""
+
+from __future__ import annotations
+
+import pyspark
+from delta import configure_spark_with_delta_pip
+from pyspark.sql import SparkSession
+
+# The connector must match the running Spark exactly; taking the version from the
+# installed pyspark makes a mismatch impossible.
+KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def build_spark(
+    app_name: str,
+    master: str | None = "local[2]",
+    shuffle_partitions: int = 4,
+    ui_enabled: bool = False,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", str(ui_enabled).lower())
+        # Windows and event times are compared in UTC whatever the machine's zone.
+        .config("spark.sql.session.timeZone", "UTC")
+        # Small local tables: fewer tasks per Delta snapshot read.
+        .config("spark.databricks.delta.snapshotPartitions", str(max(shuffle_partitions, 2)))
+    )
+    if master:
+        builder = builder.master(master)
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    # configure_spark_with_delta_pip overwrites spark.jars.packages: never set it above.
+    return configure_spark_with_delta_pip(builder, extra_packages=[KAFKA_CONNECTOR]).getOrCreate()

@@ -1,0 +1,53 @@
+import re
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from {{ cookiecutter.package_name }}.config import Config, load_config
+from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.spark import build_spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = build_spark("tests", master="local[2]", shuffle_partitions=2, ui_enabled=False)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real single-node KRaft broker for the whole test session."""
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker) -> str:
+    return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def topic(kafka_bootstrap, request) -> str:
+    """A fresh two-partition topic named after the test."""
+    name = re.sub(r"[^a-zA-Z0-9-]", "-", request.node.name)[:80] + "-" + uuid.uuid4().hex[:6]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
+    return name
+
+
+@pytest.fixture
+def config(tmp_path, kafka_bootstrap, topic) -> Config:
+    """The packaged local config pointed at the test broker, topic and a private lakehouse."""
+    return load_config(
+        "local",
+        environ={
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "KAFKA_TOPICS": topic,
+            "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
+        },
+    )

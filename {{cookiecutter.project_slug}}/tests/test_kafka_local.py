@@ -1,0 +1,144 @@
+"""The local broker itself: its own instance, since these tests stop and restart it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from {{ cookiecutter.package_name }} import kafka_local
+from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def create_topic(bootstrap: str) -> str:
+    topic = f"test-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+    return topic
+
+
+def produce_transaction(bootstrap: str, topic: str, values: list[str], commit: bool) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value=value.encode())
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)  # make sure the records really reach the log before the abort marker
+        producer.abort_transaction(30)
+
+
+def consume_all(bootstrap: str, topic: str, isolation_level: str) -> list[str]:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"g-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 50,
+        "isolation.level": isolation_level,
+    })
+    # assign() instead of subscribe(): no group rebalance to wait for.
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    values: list[str] = []
+    try:
+        for _ in range(300):
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return values
+                raise AssertionError(message.error())
+            values.append(message.value().decode())
+    finally:
+        consumer.close()
+    raise AssertionError(f"no end of partition reached; got {values}")
+
+
+def test_resolved_jars_carry_kafka_and_the_reload4j_binding() -> None:
+    names = {jar.name for jar in kafka_local.resolve_broker_jars()}
+    assert f"kafka_2.13-{kafka_local.KAFKA_VERSION}.jar" in names
+    assert "slf4j-reload4j-1.7.36.jar" in names and "reload4j-1.2.25.jar" in names
+    # A second slf4j binding would make the broker's logging pick one at random.
+    assert not [name for name in names if name.startswith(("logback", "log4j-slf4j", "slf4j-log4j12"))]
+
+
+def test_transactions_read_committed_skips_aborted(kafka: LocalKafka) -> None:
+    bootstrap = kafka.bootstrap_servers
+    assert bootstrap
+    topic = create_topic(bootstrap)
+    first, aborted, second = ["c1", "c2", "c3"], ["a1", "a2"], ["c4"]
+    produce_transaction(bootstrap, topic, first, commit=True)
+    produce_transaction(bootstrap, topic, aborted, commit=False)
+    produce_transaction(bootstrap, topic, second, commit=True)
+
+    assert consume_all(bootstrap, topic, "read_committed") == first + second
+    assert consume_all(bootstrap, topic, "read_uncommitted") == first + aborted + second
+
+
+def test_restart_keeps_address_and_data(kafka: LocalKafka) -> None:
+    bootstrap = kafka.bootstrap_servers
+    assert bootstrap
+    topic = create_topic(bootstrap)
+    produce_transaction(bootstrap, topic, ["kept"], commit=True)
+
+    assert kafka.stop() is True
+    assert kafka.status() is None
+    assert kafka.bootstrap_servers is None
+    assert kafka_local.running_bootstrap(kafka.home) is None
+    assert kafka.stop() is False
+
+    # Only the client port must stay stable; a taken controller port is simply replaced.
+    old_controller_port = json.loads((kafka.home / "broker.json").read_text())["controller_port"]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", old_controller_port))
+        squatter.listen()
+        assert kafka.start() == bootstrap
+    assert consume_all(bootstrap, topic, "read_committed") == ["kept"]
+
+
+def _broker_pids(config_path: Path) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kafka.Kafka" in args and str(config_path).encode() in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def test_second_start_reuses_running_broker(kafka: LocalKafka) -> None:
+    status = kafka.status()
+    assert status is not None
+    # A fresh instance on the same home stands for a second CLI invocation.
+    assert LocalKafka(kafka.home).start() == status["bootstrap"]
+    assert kafka_local.running_bootstrap(kafka.home) == status["bootstrap"]
+    assert _broker_pids(kafka.config_path) == [status["pid"]]
+
+
+def test_failed_start_raises_with_broker_log(tmp_path: Path) -> None:
+    # Data formatted for another node id: the broker refuses to start and exits.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.properties").write_text("version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\nnode.id=2\n")
+    broker = LocalKafka(tmp_path)
+    with pytest.raises(RuntimeError, match="Stored node id 2 doesn't match"):
+        broker.start(timeout=60)
+    assert broker.status() is None
