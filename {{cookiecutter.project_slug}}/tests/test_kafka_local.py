@@ -45,14 +45,16 @@ def produce_transaction(bootstrap: str, topic: str, values: list[str], commit: b
 
 
 def consume_all(bootstrap: str, topic: str, isolation_level: str) -> list[str]:
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"g-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 50,
-        "isolation.level": isolation_level,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50,
+            "isolation.level": isolation_level,
+        }
+    )
     # assign() instead of subscribe(): no group rebalance to wait for.
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     values: list[str] = []

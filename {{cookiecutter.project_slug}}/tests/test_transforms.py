@@ -51,7 +51,20 @@ def test_valid_event_becomes_one_typed_silver_row(spark):
     parsed = parse_events(bronze(spark, [bronze_row(7, event())]))
 
     expected = spark.createDataFrame(
-        [("e-1", utc(2024, 1, 1, 8, 0, 30), "user-1", "purchase", Decimal("12.50"), "events", 0, 7, KAFKA_TIME, INGESTED)],
+        [
+            (
+                "e-1",
+                utc(2024, 1, 1, 8, 0, 30),
+                "user-1",
+                "purchase",
+                Decimal("12.50"),
+                "events",
+                0,
+                7,
+                KAFKA_TIME,
+                INGESTED,
+            )
+        ],
         SILVER_SCHEMA,
     )
     assert_df_equality(valid_events(parsed), expected, ignore_nullable=True)
@@ -93,7 +106,19 @@ def test_quarantine_row_keeps_raw_bytes_headers_and_kafka_coordinates(spark):
     parsed = parse_events(bronze(spark, [bronze_row(3, b"{broken", partition=1)]))
 
     expected = spark.createDataFrame(
-        [("events", 1, 3, KAFKA_TIME, b"user-1", b"{broken", [("source", b"test")], "value is not valid JSON", INGESTED)],
+        [
+            (
+                "events",
+                1,
+                3,
+                KAFKA_TIME,
+                b"user-1",
+                b"{broken",
+                [("source", b"test")],
+                "value is not valid JSON",
+                INGESTED,
+            )
+        ],
         QUARANTINE_SCHEMA,
     )
     assert_df_equality(quarantined_records(parsed), expected, ignore_nullable=True)
@@ -113,7 +138,12 @@ def test_first_per_kafka_record_keeps_the_earliest_ingested_copy(spark):
     later = utc(2024, 1, 2)
     rows = bronze(
         spark,
-        [bronze_row(1, b"x", ingested=later), bronze_row(1, b"x"), bronze_row(2, b"y"), bronze_row(1, b"x", partition=1)],
+        [
+            bronze_row(1, b"x", ingested=later),
+            bronze_row(1, b"x"),
+            bronze_row(2, b"y"),
+            bronze_row(1, b"x", partition=1),
+        ],
     )
 
     kept = first_per_kafka_record(rows).select("partition", "offset", "ingest_time").orderBy("partition", "offset")
@@ -150,8 +180,8 @@ def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spar
 def test_bronze_records_keep_every_kafka_column(spark):
     from {{ cookiecutter.package_name }}.transforms import bronze_records
 
-    kafka_rows = bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time").withColumnRenamed(
-        "timestamp_type", "timestampType"
+    kafka_rows = (
+        bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time").withColumnRenamed("timestamp_type", "timestampType")
     )
 
     result = bronze_records(kafka_rows)

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .config import Config
-from .kafka_io import spark_security_options, bootstrap_servers
+from .kafka_io import bootstrap_servers, spark_security_options
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
 from .transforms import window_aggregates
 

@@ -26,9 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run pipeline streams")
     run.add_argument("--layer", choices=["bronze", "silver", "gold", "all"], default="all")
-    run.add_argument(
-        "--available-now", action="store_true", help="process everything available, then exit 0"
-    )
+    run.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
 
     produce = commands.add_parser("produce-sample", help="produce sample events to the first configured topic")
     produce.add_argument("--count", type=int, required=True)
@@ -87,17 +85,13 @@ def _spark(config: Config, app: str):
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from .progress import ProgressReporter
-    from .streams import LAYERS, start_stream
-    from .tables import Lakehouse, ensure_tables
+    from .streams import LAYERS, run_available_now, start_stream
 
     spark = _spark(config, f"pipeline-{args.layer}")
-    ensure_tables(spark, Lakehouse(config.lakehouse_root))
     spark.streams.addListener(ProgressReporter())
     layers = LAYERS if args.layer == "all" else (args.layer,)
     if args.available_now:
-        # One layer after the other, so each sees everything the one before wrote.
-        for layer in layers:
-            start_stream(spark, config, layer, available_now=True).awaitTermination()
+        run_available_now(spark, config, layers)
         return 0
     queries = [start_stream(spark, config, layer, available_now=False) for layer in layers]
     stop_requested = threading.Event()
@@ -129,9 +123,7 @@ def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
     if config.kafka.bootstrap_servers == "local":
         ensure_topics(config)
     topic = config.kafka.topics[0]
-    sent = produce(
-        client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio)
-    )
+    sent = produce(client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio))
     print(f"produced {sent} records to {topic}")
     return 0
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 ENV_VAR = "PIPELINE_ENV"
 CONFIG_FILE_VAR = "PIPELINE_CONFIG"
@@ -136,9 +137,7 @@ def _apply_env_overrides(raw: dict, environ: Mapping[str, str]) -> None:
         if value is None or value == "":
             continue
         expected = SCHEMA[section][key]
-        raw.setdefault(section, {})[key] = (
-            [item.strip() for item in value.split(",")] if expected is list else value
-        )
+        raw.setdefault(section, {})[key] = [item.strip() for item in value.split(",")] if expected is list else value
 
 
 def _check_shape(raw: dict) -> None:

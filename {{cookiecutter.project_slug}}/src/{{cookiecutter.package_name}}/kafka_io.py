@@ -89,8 +89,11 @@ def ensure_topics(config: Config, partitions: int = 1) -> None:
     """Create the configured topics if missing (local runs; production topics are provisioned)."""
     admin = AdminClient(client_config(config))
     existing = admin.list_topics(timeout=30).topics
-    missing = [NewTopic(topic, num_partitions=partitions, replication_factor=1) for topic in config.kafka.topics
-               if topic not in existing]
+    missing = [
+        NewTopic(topic, num_partitions=partitions, replication_factor=1)
+        for topic in config.kafka.topics
+        if topic not in existing
+    ]
     for future in admin.create_topics(missing).values() if missing else []:
         future.result(timeout=30)
 

@@ -93,18 +93,27 @@ def resolve_broker_jars(cache_dir: Path | None = None) -> list[Path]:
 
     dist.mkdir(parents=True, exist_ok=True)
     ivy_xml = dist / "ivy.xml"
-    ivy_xml.write_text(_IVY_XML.format(
-        scala=SCALA_BINARY_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, reload4j=RELOAD4J_VERSION
-    ))
+    ivy_xml.write_text(
+        _IVY_XML.format(scala=SCALA_BINARY_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, reload4j=RELOAD4J_VERSION)
+    )
     cmd = [
-        _java(), "-jar", str(_ivy_jar()),
-        "-cache", str(root / "ivy-cache"),
-        "-ivy", str(ivy_xml),
-        "-confs", "default",
+        _java(),
+        "-jar",
+        str(_ivy_jar()),
+        "-cache",
+        str(root / "ivy-cache"),
+        "-ivy",
+        str(ivy_xml),
+        "-confs",
+        "default",
         # Several Kafka deps (snappy-java, scala-logging, dropwizard metrics) are OSGi "bundle"s.
-        "-types", "jar", "bundle",
+        "-types",
+        "jar",
+        "bundle",
         # -sync removes leftovers of an earlier, interrupted retrieve.
-        "-sync", "-retrieve", str(libs) + "/[artifact]-[revision](-[classifier]).[ext]",
+        "-sync",
+        "-retrieve",
+        str(libs) + "/[artifact]-[revision](-[classifier]).[ext]",
     ]
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     (dist / "ivy.log").write_text(result.stdout)
@@ -198,12 +207,18 @@ class LocalKafka:
             # A new session detaches the broker, so it outlives a short-lived CLI and ignores its Ctrl-C.
             proc = self._proc = subprocess.Popen(
                 [*jvm, "kafka.Kafka", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.home, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,
             )
         self._write_state(
-            pid=proc.pid, port=port, controller_port=controller_port,
-            bootstrap=bootstrap, cluster_id=self._cluster_id(),
+            pid=proc.pid,
+            port=port,
+            controller_port=controller_port,
+            bootstrap=bootstrap,
+            cluster_id=self._cluster_id(),
         )
         self._wait_ready(proc, bootstrap, time.monotonic() + timeout, log_offset)
         return bootstrap

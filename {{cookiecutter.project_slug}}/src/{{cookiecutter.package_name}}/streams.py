@@ -25,7 +25,7 @@ from . import checkpoints
 from .config import Config
 from .kafka_io import spark_source_options, topic_partitions
 from .sinks import add_to_windows, insert_new_kafka_records, kafka_key_ranges
-from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, ensure_tables
 from .transforms import (
     bronze_records,
     first_per_kafka_record,
@@ -67,6 +67,7 @@ def trigger_for(config: Config, available_now: bool) -> dict:
 
 def start_stream(spark: SparkSession, config: Config, layer: str, available_now: bool) -> StreamingQuery:
     lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
     stream = STREAMS[layer]
     prepared = checkpoints.prepare(spark, lakehouse, layer, stream.sink_tables)
     starters: dict[str, Callable[..., StreamingQuery]] = {
@@ -83,6 +84,12 @@ def start_stream(spark: SparkSession, config: Config, layer: str, available_now:
     )
 
 
+def run_available_now(spark: SparkSession, config: Config, layers: tuple[str, ...] = LAYERS) -> None:
+    """Process everything available, one layer after the other, so each sees what the one before wrote."""
+    for layer in layers:
+        start_stream(spark, config, layer, available_now=True).awaitTermination()
+
+
 def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared):
     options = spark_source_options(config)
     if prepared.lost_checkpoint:
@@ -90,8 +97,11 @@ def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
     kafka_rows = spark.readStream.format("kafka").options(**options).load()
     # Delta's streaming sink is idempotent by itself: it records (query id, batch id).
-    return bronze_records(kafka_rows).writeStream.format("delta").outputMode("append").option(
-        "path", lakehouse.table(BRONZE)
+    return (
+        bronze_records(kafka_rows)
+        .writeStream.format("delta")
+        .outputMode("append")
+        .option("path", lakehouse.table(BRONZE))
     )
 
 
@@ -120,9 +130,7 @@ def _start_silver(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
         try:
             ranges = kafka_key_ranges(parsed)
             insert_new_kafka_records(valid_events(parsed), silver_path, ranges, prepared.stream_id, batch_id)
-            insert_new_kafka_records(
-                quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
-            )
+            insert_new_kafka_records(quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id)
         finally:
             parsed.unpersist()
 

@@ -72,7 +72,9 @@ def _rejection_reason() -> Column:
             "field amount does not fit DECIMAL(18,2) exactly",
         ),
     ]
-    return F.coalesce(*[F.when(failed, F.lit(reason) if isinstance(reason, str) else reason) for failed, reason in checks])
+    return F.coalesce(
+        *[F.when(failed, F.lit(reason) if isinstance(reason, str) else reason) for failed, reason in checks]
+    )
 
 
 def parse_events(bronze: DataFrame) -> DataFrame:

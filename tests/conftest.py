@@ -1,0 +1,24 @@
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+TEMPLATE = Path(__file__).resolve().parent.parent
+
+
+def load_hook(name: str):
+    """Import a hook script as a module: its logic is plain functions, its Jinja only in __main__."""
+    spec = importlib.util.spec_from_file_location(name, TEMPLATE / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def pre_gen():
+    return load_hook("pre_gen_project")
+
+
+@pytest.fixture(scope="session")
+def post_gen():
+    return load_hook("post_gen_project")

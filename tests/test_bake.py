@@ -1,0 +1,178 @@
+"""Bake every supported combination of answers and check what comes out."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from cookiecutter.exceptions import FailedHookException
+
+MODULES = [
+    "__init__",
+    "__main__",
+    "audit",
+    "checkpoints",
+    "cli",
+    "config",
+    "kafka_io",
+    "kafka_local",
+    "progress",
+    "sample",
+    "sinks",
+    "spark",
+    "streams",
+    "tables",
+    "transforms",
+]
+TESTS = ["conftest", "test_cli", "test_config", "test_kafka_local", "test_pipeline", "test_transforms"]
+# A leftover of ours, not GitHub Actions' own ${{ ... }} expressions.
+LEFTOVER = re.compile(r"\{\{\s*cookiecutter|\{%|%\}|\{#")
+
+SUPPORTED = [
+    pytest.param({}, id="defaults"),
+    pytest.param({"include_docker_compose": "no", "include_github_actions": "no"}, id="no-optional-files"),
+    pytest.param({"include_docker_compose": "no"}, id="no-docker-compose"),
+    pytest.param(
+        {"kafka_security_protocol": "SASL_SSL", "kafka_sasl_mechanism": "SCRAM-SHA-512"}, id="prod-sasl-scram"
+    ),
+    pytest.param({"kafka_security_protocol": "SSL"}, id="prod-ssl"),
+    pytest.param(
+        {
+            "project_name": "Payments Stream",
+            "kafka_topics": "payments.v1, refunds.v1",
+            "gold_window_duration": "30 seconds",
+        },
+        id="custom-name-two-topics-30s-window",
+    ),
+]
+
+
+def expected_files(package: str, answers: dict) -> set[str]:
+    files = {
+        ".cookiecutter.json",
+        ".gitignore",
+        "Makefile",
+        "README.md",
+        "pyproject.toml",
+        f"src/{package}/conf/local.toml",
+        f"src/{package}/conf/prod.toml",
+        *(f"src/{package}/{module}.py" for module in MODULES),
+        *(f"tests/{test}.py" for test in TESTS),
+    }
+    if answers.get("include_docker_compose", "yes") == "yes":
+        files.add("docker-compose.yml")
+    if answers.get("include_github_actions", "yes") == "yes":
+        files.add(".github/workflows/ci.yml")
+    return files
+
+
+def bake(cookies, answers: dict) -> Path:
+    result = cookies.bake(extra_context=answers)
+    assert result.exception is None, result.exception
+    assert result.exit_code == 0
+    return Path(result.project_path)
+
+
+@pytest.mark.parametrize("answers", SUPPORTED)
+def test_supported_combination_bakes_a_clean_project(cookies, answers):
+    project = bake(cookies, answers)
+    recorded = json.loads((project / ".cookiecutter.json").read_text())
+    package = recorded["package_name"]
+
+    files = {path.relative_to(project).as_posix() for path in project.rglob("*") if path.is_file()}
+    assert files == expected_files(package, answers)
+    for name in files:
+        text = (project / name).read_text()
+        assert not LEFTOVER.search(text), f"unrendered template syntax in {name}"
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == recorded["project_slug"]
+    assert pyproject["project"]["scripts"] == {recorded["project_slug"]: f"{package}.cli:main"}
+    for key, value in answers.items():
+        assert recorded[key] == value
+
+    topics = [topic.strip() for topic in recorded["kafka_topics"].split(",")]
+    for env in ("local", "prod"):
+        conf = tomllib.loads((project / "src" / package / "conf" / f"{env}.toml").read_text())
+        assert conf["kafka"]["topics"] == topics
+        assert conf["pipeline"]["gold_window"] == recorded["gold_window_duration"]
+    prod = tomllib.loads((project / "src" / package / "conf" / "prod.toml").read_text())["kafka"]
+    assert prod["security_protocol"] == recorded["kafka_security_protocol"]
+    assert prod.get("sasl_mechanism", "none") == recorded["kafka_sasl_mechanism"]
+
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=project, capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+UNSUPPORTED = [
+    pytest.param({"project_slug": "Not A Slug"}, "project_slug", id="slug-with-spaces"),
+    pytest.param({"package_name": "import"}, "package_name", id="package-is-keyword"),
+    pytest.param({"package_name": "delta"}, "package_name", id="package-shadows-dependency"),
+    pytest.param({"kafka_topics": "orders;drop"}, "kafka_topics", id="topic-illegal-characters"),
+    pytest.param({"kafka_topics": "x" * 250}, "kafka_topics", id="topic-too-long"),
+    pytest.param({"kafka_topics": "a.b, a_b"}, "kafka_topics", id="topics-collide"),
+    pytest.param({"gold_window_duration": "soon"}, "gold_window_duration", id="window-unparseable"),
+    pytest.param({"gold_window_duration": "0 minutes"}, "gold_window_duration", id="window-zero"),
+    pytest.param({"kafka_security_protocol": "SASL_SSL"}, "kafka_sasl_mechanism", id="sasl-without-mechanism"),
+    pytest.param({"kafka_sasl_mechanism": "PLAIN"}, "kafka_sasl_mechanism", id="mechanism-without-sasl"),
+]
+
+
+@pytest.mark.parametrize(("answers", "named"), UNSUPPORTED)
+def test_unsupported_answers_fail_the_bake_naming_the_answer(cookies, capfd, answers, named):
+    result = cookies.bake(extra_context=answers)
+
+    assert isinstance(result.exception, FailedHookException)
+    assert result.exit_code != 0
+    assert f"ERROR: {named}" in capfd.readouterr().err
+
+
+def test_answers_with_code_in_them_stay_data(cookies, tmp_path):
+    marker = tmp_path / "PWNED"
+    payload = f'x"; import os; os.mknod("{marker}"); "\'\'\' """ \\ '
+    project = bake(cookies, {"description": payload, "author_name": payload})
+
+    assert not marker.exists()
+    recorded = json.loads((project / ".cookiecutter.json").read_text())
+    assert recorded["description"] == payload
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["description"] == payload
+    assert pyproject["project"]["authors"] == [{"name": payload}]
+
+
+def test_code_in_a_validated_answer_cannot_run_in_the_hook(cookies, capfd, tmp_path):
+    marker = tmp_path / "PWNED"
+    result = cookies.bake(extra_context={"kafka_topics": f"'); import os; os.mknod('{marker}'); ('"})
+
+    assert isinstance(result.exception, FailedHookException)
+    assert "ERROR: kafka_topics" in capfd.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_baked_project_passes_its_own_tests_and_runs_its_demo(tmp_path):
+    """The slow tier: a default bake installs itself, runs `make test`, then `make demo`."""
+    subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "--output-dir", str(tmp_path), str(Path.cwd())],
+        check=True,
+    )
+    project = tmp_path / "clickstream-lakehouse"
+    env = {key: value for key, value in os.environ.items() if key not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+
+    tests = subprocess.run(["make", "test"], cwd=project, env=env, capture_output=True, text=True, timeout=3000)
+    print(tests.stdout[-20000:], tests.stderr[-5000:])
+    assert tests.returncode == 0
+    assert re.search(r"^=+ \d+ passed", tests.stdout, re.MULTILINE), "the generated suite ran no tests"
+    assert " failed" not in tests.stdout.splitlines()[-1]
+
+    demo = subprocess.run(["make", "demo"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    print(demo.stdout[-20000:], demo.stderr[-5000:])
+    assert demo.returncode == 0
+    assert "gold_event_windows:" in demo.stdout
+    assert "audit verdict: clean" in demo.stdout

@@ -1,0 +1,71 @@
+"""The command line, end to end on the real broker, Spark and Delta."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from {{ cookiecutter.package_name }}.cli import main
+
+
+@pytest.fixture
+def pipeline_env(monkeypatch, config):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", config.kafka.bootstrap_servers)
+    monkeypatch.setenv("KAFKA_TOPICS", ",".join(config.kafka.topics))
+    monkeypatch.setenv("LAKEHOUSE_ROOT", config.lakehouse_root)
+    return config
+
+
+def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
+    env = {"LAKEHOUSE_ROOT": str(tmp_path / "lake"), "PATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "describe", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    described = json.loads(result.stdout)
+
+    assert set(described["streams"]) == {"bronze", "silver", "gold"}
+    checkpoint_dirs = [stream["checkpoint"] for stream in described["streams"].values()]
+    assert len(set(checkpoint_dirs)) == 3
+    assert all(path.startswith(str(tmp_path / "lake" / "checkpoints")) for path in checkpoint_dirs)
+    assert set(described["tables"]) == {"bronze_events", "silver_events", "quarantine_events", "gold_event_windows"}
+    assert described["streams"]["silver"]["source"] == described["tables"]["bronze_events"]
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[kafka]\nbootstrap_servers = 1\n")
+
+    assert main(["--config", str(bad), "describe"]) == 2
+    assert "kafka.bootstrap_servers: expected str" in capsys.readouterr().err
+
+
+def test_kafka_local_status_exits_1_when_no_broker_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KAFKA_LOCAL_HOME", str(tmp_path))
+    assert main(["kafka-local", "status"]) == 1
+    assert "not running" in capsys.readouterr().out
+
+
+def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys):
+    assert main(["produce-sample", "--count", "80", "--malformed-ratio", "0.2", "--seed", "3"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    out = capsys.readouterr().out
+    assert "[bronze] batch 0: 80 rows" in out
+
+    assert main(["audit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "clean"
+    assert report["counts"]["silver_rows"] + report["counts"]["quarantine_rows"] == 80
+
+    assert main(["checkpoints", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"{stream:<7} ok" in listing for stream in ("bronze", "silver", "gold"))
+
+    assert main(["checkpoints", "reset", "gold"]) == 0
+    assert main(["run", "--layer", "gold", "--available-now"]) == 0
+    assert main(["audit"]) == 0
+    assert "audit verdict: clean" in capsys.readouterr().out
