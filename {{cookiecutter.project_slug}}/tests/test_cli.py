@@ -53,8 +53,8 @@ def test_kafka_local_status_exits_1_when_no_broker_runs(tmp_path, monkeypatch, c
 def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys):
     assert main(["produce-sample", "--count", "80", "--malformed-ratio", "0.2", "--seed", "3"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0
-    out = capsys.readouterr().out
-    assert "[bronze] batch 0: 80 rows" in out
+    progress = capsys.readouterr().err
+    assert "[bronze] batch 0: 80 rows" in progress
 
     assert main(["audit", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -21,9 +21,7 @@ def test_local_config_loads_with_its_defaults(tmp_path):
     config = load_config("local", environ={})
 
     assert config.kafka.bootstrap_servers == "local"
-    assert config.kafka.topics == tuple(
-        t.strip() for t in {{ cookiecutter.kafka_topics | tojson }}.split(",")
-    )
+    assert config.kafka.topics == tuple(t.strip() for t in {{ cookiecutter.kafka_topics | tojson }}.split(","))
     assert config.gold_window == {{ cookiecutter.gold_window_duration | tojson }}
     assert Path(config.lakehouse_root).is_absolute()
 

@@ -15,8 +15,8 @@ from {{ cookiecutter.package_name }} import checkpoints
 from {{ cookiecutter.package_name }}.audit import run_audit
 from {{ cookiecutter.package_name }}.kafka_io import client_config
 from {{ cookiecutter.package_name }}.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.streams import run_available_now, with_downstream
-from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.streams import run_available_now
+from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
 
 EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
 TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)
@@ -207,17 +207,15 @@ def test_audit_detects_a_planted_duplicate_and_a_planted_loss(spark, config):
     assert_audit_clean(spark, config)
     silver_path = Lakehouse(config.lakehouse_root).table(SILVER)
 
-    table(spark, config, SILVER).limit(1).write.format("delta").mode("append").save(silver_path)
+    duplicate = table(spark, config, SILVER).orderBy("partition", "offset").limit(1)
+    duplicate.write.format("delta").mode("append").save(silver_path)
     errors = run_audit(spark, config).errors
     assert errors["silver_duplicates"] == 1
     assert errors["gold_windows_not_matching_silver"] >= 1
 
-    # Undo the duplicate and lose one record instead (silver is append-only by table property).
+    # Now lose that record altogether: both copies go (silver is append-only by table property).
+    victim = table(spark, config, SILVER).orderBy("partition", "offset").first()
     spark.sql(f"ALTER TABLE delta.`{silver_path}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
-    DeltaTable.forPath(spark, silver_path).restoreToVersion(
-        DeltaTable.forPath(spark, silver_path).history(3).collect()[2]["version"]
-    )
-    victim = table(spark, config, SILVER).orderBy("offset").first()
     DeltaTable.forPath(spark, silver_path).delete(
         (F.col("partition") == victim.partition) & (F.col("offset") == victim.offset)
     )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from .tables import GOLD, Lakehouse, table_exists, table_has_rows
+from .tables import Lakehouse, Stream, table_exists, table_has_rows
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 
@@ -58,20 +58,20 @@ class StreamState:
         return "ok"
 
 
-def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: str, sink_tables: tuple[str, ...]) -> StreamState:
-    checkpoint = lakehouse.checkpoint(stream)
-    tables = {name: lakehouse.table(name) for name in sink_tables}
+def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> StreamState:
+    checkpoint = lakehouse.checkpoint(stream.name)
+    tables = {name: lakehouse.table(name) for name in stream.sinks}
     recorded, versions, rows = {}, {}, {}
     for name, path in tables.items():
         if table_exists(spark, path):
             delta = DeltaTable.forPath(spark, path)
-            recorded[name] = delta.detail().first()["properties"].get(IDENTITY_PROPERTY % stream)
+            recorded[name] = delta.detail().first()["properties"].get(IDENTITY_PROPERTY % stream.name)
             versions[name] = delta.history(1).first()["version"]
             rows[name] = table_has_rows(spark, path)
         else:
             recorded[name], versions[name], rows[name] = None, None, False
     return StreamState(
-        stream=stream,
+        stream=stream.name,
         checkpoint=checkpoint,
         stream_id=read_stream_id(spark, checkpoint),
         last_batch=last_committed_batch(spark, checkpoint),
@@ -88,42 +88,46 @@ class Prepared:
     lost_checkpoint: bool
 
 
-def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: str, sink_tables: tuple[str, ...]) -> Prepared:
+def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepared:
     """Check the stream's checkpoint against its tables and bind them before a start."""
-    state = inspect(spark, lakehouse, stream, sink_tables)
+    state = inspect(spark, lakehouse, stream)
     lost = state.status.startswith("lost")
     if state.status == "mismatch":
         raise CheckpointError(
-            f"{stream}: checkpoint {state.checkpoint} (stream id {state.stream_id}, last batch "
+            f"{stream.name}: checkpoint {state.checkpoint} (stream id {state.stream_id}, last batch "
             f"{state.last_batch}) does not match the tables it writes (recorded ids "
             f"{state.recorded_ids}): the checkpoint was swapped or a table replaced, and resuming "
-            f"would skip or repeat records. Run `checkpoints reset {stream}` to rebuild consistently."
+            f"would skip or repeat records. Run `checkpoints reset {stream.name}` to rebuild consistently."
         )
-    if lost and stream == GOLD:
+    if lost and stream.rebuilt_from_source:
         raise CheckpointError(
-            f"{stream}: checkpoint {state.checkpoint} is missing while the gold table already holds "
-            "aggregates; starting over would count them twice. Run `checkpoints reset gold` to "
-            "rebuild gold from silver."
+            f"{stream.name}: checkpoint {state.checkpoint} is missing while {', '.join(stream.sinks)} "
+            f"already holds aggregates; starting over would count them twice. Run "
+            f"`checkpoints reset {stream.name}` to rebuild it from {stream.source}."
         )
     stream_id = state.stream_id or create_stream_id(spark, state.checkpoint)
     for name, path in state.tables.items():
         if state.recorded_ids[name] != stream_id:
-            _set_property(spark, path, IDENTITY_PROPERTY % stream, stream_id)
+            _set_property(spark, path, IDENTITY_PROPERTY % stream.name, stream_id)
     return Prepared(stream_id=stream_id, lost_checkpoint=lost)
 
 
-def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[str]) -> None:
-    """Forget the checkpoints of ``streams``; gold is emptied so it is rebuilt from silver.
+def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> None:
+    """Forget the checkpoints of ``streams``; aggregate sinks (gold) are emptied to be rebuilt.
 
     The checkpoint goes first: a crash in between leaves gold with rows and no
     checkpoint, which the next start refuses, rather than an empty gold with a
     checkpoint that would skip everything already counted.
     """
     for stream in streams:
-        _delete(spark, lakehouse.checkpoint(stream))
-        if stream == GOLD and table_exists(spark, lakehouse.table(GOLD)):
-            DeltaTable.forPath(spark, lakehouse.table(GOLD)).delete()
-            _unset_property(spark, lakehouse.table(GOLD), IDENTITY_PROPERTY % stream)
+        _delete(spark, lakehouse.checkpoint(stream.name))
+        if not stream.rebuilt_from_source:
+            continue
+        for name in stream.sinks:
+            path = lakehouse.table(name)
+            if table_exists(spark, path):
+                DeltaTable.forPath(spark, path).delete()
+                _unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
 
 
 def read_stream_id(spark: SparkSession, checkpoint: str) -> str | None:

@@ -85,14 +85,25 @@ def _spark(config: Config, app: str):
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from .progress import ProgressReporter
-    from .streams import LAYERS, run_available_now, start_stream
+    from .streams import run_available_now
+    from .tables import LAYERS
 
     spark = _spark(config, f"pipeline-{args.layer}")
-    spark.streams.addListener(ProgressReporter())
+    reporter = ProgressReporter()
+    spark.streams.addListener(reporter)
     layers = LAYERS if args.layer == "all" else (args.layer,)
-    if args.available_now:
-        run_available_now(spark, config, layers)
-        return 0
+    try:
+        if args.available_now:
+            run_available_now(spark, config, layers)
+            return 0
+        return _run_until_stopped(spark, config, layers)
+    finally:
+        spark.streams.removeListener(reporter)
+
+
+def _run_until_stopped(spark, config: Config, layers: tuple[str, ...]) -> int:
+    from .streams import start_stream
+
     queries = [start_stream(spark, config, layer, available_now=False) for layer in layers]
     stop_requested = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -129,8 +140,7 @@ def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
 
 
 def describe(config: Config) -> dict:
-    from .streams import STREAMS
-    from .tables import SCHEMAS, Lakehouse
+    from .tables import SCHEMAS, STREAMS, Lakehouse
 
     lakehouse = Lakehouse(config.lakehouse_root)
     return {
@@ -141,7 +151,7 @@ def describe(config: Config) -> dict:
                 "source": f"kafka:{','.join(config.kafka.topics)}"
                 if stream.source == "kafka"
                 else lakehouse.table(stream.source),
-                "sinks": {table: lakehouse.table(table) for table in stream.sink_tables},
+                "sinks": {table: lakehouse.table(table) for table in stream.sinks},
                 "checkpoint": lakehouse.checkpoint(name),
                 "downstream": list(stream.downstream),
             }
@@ -179,18 +189,18 @@ def cmd_audit(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
-    from .streams import STREAMS, with_downstream
-    from .tables import Lakehouse
+    from .tables import STREAMS, Lakehouse, with_downstream
 
     spark = _spark(config, "checkpoints")
     lakehouse = Lakehouse(config.lakehouse_root)
     if args.action == "reset":
         streams = with_downstream(args.stream)
         checkpoints.reset(spark, lakehouse, streams)
-        print(f"reset {', '.join(streams)}; the next run resumes consistently (gold is rebuilt from silver)")
+        names = ", ".join(stream.name for stream in streams)
+        print(f"reset {names}; the next run resumes consistently (gold is rebuilt from silver)")
         return 0
     for name, stream in STREAMS.items():
-        state = checkpoints.inspect(spark, lakehouse, name, stream.sink_tables)
+        state = checkpoints.inspect(spark, lakehouse, stream)
         versions = ", ".join(f"{table} v{version}" for table, version in state.table_versions.items())
         print(
             f"{name:<7} {state.status:<20} last batch {state.last_batch}  sinks: {versions}\n"

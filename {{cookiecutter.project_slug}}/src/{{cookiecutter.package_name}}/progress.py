@@ -1,9 +1,13 @@
-"""Per-batch progress: a readable line on stdout and a JSON record in the log."""
+"""Per-batch progress: a readable line on stderr and a JSON record in the log.
+
+stderr keeps stdout free for results (`audit --json`, `describe --json`).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -21,7 +25,7 @@ def kafka_lag(progress) -> str | None:
 
 class ProgressReporter(StreamingQueryListener):
     def onQueryStarted(self, event) -> None:
-        print(f"[{event.name}] started (id {event.id})", flush=True)
+        print(f"[{event.name}] started (id {event.id})", file=sys.stderr, flush=True)
 
     def onQueryProgress(self, event) -> None:
         progress = event.progress
@@ -30,6 +34,7 @@ class ProgressReporter(StreamingQueryListener):
         print(
             f"[{progress.name}] batch {progress.batchId}: {progress.numInputRows} rows, "
             f"{rate:,.0f} rows/s" + ("" if lag is None else f", Kafka lag {lag}"),
+            file=sys.stderr,
             flush=True,
         )
         log.info(
@@ -51,4 +56,4 @@ class ProgressReporter(StreamingQueryListener):
 
     def onQueryTerminated(self, event) -> None:
         outcome = f"failed: {event.exception}" if event.exception else "stopped"
-        print(f"[stream {event.id}] {outcome}", flush=True)
+        print(f"[stream {event.id}] {outcome}", file=sys.stderr, flush=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,7 +24,7 @@ from . import checkpoints
 from .config import Config
 from .kafka_io import spark_source_options, topic_partitions
 from .sinks import add_to_windows, insert_new_kafka_records, kafka_key_ranges
-from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, ensure_tables
+from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
 from .transforms import (
     bronze_records,
     first_per_kafka_record,
@@ -41,26 +40,6 @@ log = logging.getLogger(__name__)
 EARLIEST = -2
 
 
-@dataclass(frozen=True)
-class Stream:
-    name: str
-    source: str
-    sink_tables: tuple[str, ...]
-    downstream: tuple[str, ...]
-
-
-STREAMS = {
-    "bronze": Stream("bronze", "kafka", (BRONZE,), ("silver", "gold")),
-    "silver": Stream("silver", BRONZE, (SILVER, QUARANTINE), ("gold",)),
-    "gold": Stream("gold", SILVER, (GOLD,), ()),
-}
-LAYERS = tuple(STREAMS)
-
-
-def with_downstream(stream: str) -> list[str]:
-    return [stream, *STREAMS[stream].downstream]
-
-
 def trigger_for(config: Config, available_now: bool) -> dict:
     return {"availableNow": True} if available_now else {"processingTime": config.trigger_interval}
 
@@ -68,8 +47,7 @@ def trigger_for(config: Config, available_now: bool) -> dict:
 def start_stream(spark: SparkSession, config: Config, layer: str, available_now: bool) -> StreamingQuery:
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse)
-    stream = STREAMS[layer]
-    prepared = checkpoints.prepare(spark, lakehouse, layer, stream.sink_tables)
+    prepared = checkpoints.prepare(spark, lakehouse, STREAMS[layer])
     starters: dict[str, Callable[..., StreamingQuery]] = {
         "bronze": _start_bronze,
         "silver": _start_silver,

@@ -7,6 +7,8 @@ Layout under the lakehouse root (LAKEHOUSE_ROOT):
     tables/quarantine_events     records that failed parsing, with the reason
     tables/gold_event_windows    per event_type and event-time window
     checkpoints/<stream>         one Spark checkpoint per stream, never shared
+
+and which stream reads what and writes where.
 """
 
 from __future__ import annotations
@@ -98,6 +100,29 @@ GOLD_SCHEMA = StructType(
 SCHEMAS = {BRONZE: BRONZE_SCHEMA, SILVER: SILVER_SCHEMA, QUARANTINE: QUARANTINE_SCHEMA, GOLD: GOLD_SCHEMA}
 # Delta itself rejects updates and deletes on these: raw and parsed history is never rewritten.
 APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    source: str  # "kafka" or the table it streams from
+    sinks: tuple[str, ...]
+    downstream: tuple[str, ...]
+    # An aggregating sink cannot absorb a replay from scratch: a lost checkpoint
+    # must not restart it, and a reset empties it so it is rebuilt from its source.
+    rebuilt_from_source: bool = False
+
+
+STREAMS = {
+    "bronze": Stream("bronze", "kafka", (BRONZE,), ("silver", "gold")),
+    "silver": Stream("silver", BRONZE, (SILVER, QUARANTINE), ("gold",)),
+    "gold": Stream("gold", SILVER, (GOLD,), (), rebuilt_from_source=True),
+}
+LAYERS = tuple(STREAMS)
+
+
+def with_downstream(stream: str) -> list[Stream]:
+    return [STREAMS[name] for name in (stream, *STREAMS[stream].downstream)]
 
 
 @dataclass(frozen=True)
