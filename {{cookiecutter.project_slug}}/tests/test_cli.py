@@ -1,12 +1,18 @@
 """The command line, end to end on the real broker, Spark and Delta."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
+from importlib import resources
 
 import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.tables import GOLD, Lakehouse
 
 
 @pytest.fixture
@@ -69,3 +75,44 @@ def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline
     assert main(["run", "--layer", "gold", "--available-now"]) == 0
     assert main(["audit"]) == 0
     assert "audit verdict: clean" in capsys.readouterr().out
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def test_continuous_run_processes_new_records_and_stops_cleanly_on_sigterm(spark, pipeline_env, tmp_path):
+    """All three streams at once in their own process, as in production."""
+    packaged = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
+    fast = tmp_path / "fast.toml"
+    fast.write_text(packaged.replace('trigger_interval = "10 seconds"', 'trigger_interval = "1 second"'))
+    gold_path = Lakehouse(pipeline_env.lakehouse_root).table(GOLD)
+
+    def gold_events() -> int:
+        if not DeltaTable.isDeltaTable(spark, gold_path):
+            return 0
+        return spark.read.format("delta").load(gold_path).agg(F.sum("event_count")).first()[0] or 0
+
+    assert main(["produce-sample", "--count", "60", "--seed", "21"]) == 0
+    pipeline = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(fast), "run", "--layer", "all"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: gold_events() == 60, 180, "the first 60 events in gold")
+        assert main(["produce-sample", "--count", "40", "--seed", "22"]) == 0
+        wait_for(lambda: gold_events() == 100, 120, "40 more events in gold")
+    finally:
+        pipeline.send_signal(signal.SIGTERM)
+        output, _ = pipeline.communicate(timeout=180)
+    assert pipeline.returncode == 0, output[-5000:]
+    assert "Kafka lag" in output
+
+    assert main(["audit"]) == 0
