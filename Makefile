@@ -1,5 +1,5 @@
 # The template's own entry points. Both set themselves up on a fresh machine
-# (python3 3.10+, Java 17, network to PyPI and Maven Central).
+# (python3 3.11+, Java 17, network to PyPI and Maven Central).
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python

@@ -15,20 +15,24 @@ MODULES = [
     "__init__",
     "__main__",
     "audit",
+    "bench",
+    "chaos",
     "checkpoints",
     "cli",
     "config",
+    "faults",
     "kafka_io",
     "kafka_local",
     "progress",
     "sample",
     "sinks",
     "spark",
+    "spark_cluster",
     "streams",
     "tables",
     "transforms",
 ]
-TESTS = ["conftest", "test_cli", "test_config", "test_kafka_local", "test_pipeline", "test_transforms"]
+TESTS = ["conftest", "test_bench", "test_cli", "test_config", "test_faults", "test_kafka_local", "test_pipeline", "test_transforms"]
 # A leftover of ours, not GitHub Actions' own ${{ ... }} expressions.
 LEFTOVER = re.compile(r"\{\{\s*cookiecutter|\{%|%\}|\{#")
 

@@ -107,3 +107,8 @@ def test_local_bootstrap_without_a_running_broker_names_the_key(tmp_path):
     config = load_config("local", environ={"KAFKA_LOCAL_HOME": str(tmp_path / "no-broker")})
     with pytest.raises(ConfigError, match="kafka.bootstrap_servers: is 'local' but no local broker runs"):
         bootstrap_servers(config)
+
+
+def test_a_numeric_override_that_is_not_a_number_names_the_variable():
+    with pytest.raises(ConfigError, match="KAFKA_MAX_OFFSETS_PER_TRIGGER: 'lots' is not a whole number"):
+        load_config("local", environ={"KAFKA_MAX_OFFSETS_PER_TRIGGER": "lots"})

@@ -3,7 +3,7 @@
 import dataclasses
 import json
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.streams import run_available_now
 from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
 
-EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
+EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)
 
 

@@ -1,7 +1,7 @@
 """The pure transforms, on static DataFrames shaped like bronze rows."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -18,12 +18,12 @@ from {{ cookiecutter.package_name }}.transforms import (
     window_aggregates,
 )
 
-INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=timezone.utc)
-KAFKA_TIME = datetime(2024, 1, 1, 11, 59, tzinfo=timezone.utc)
+INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
+KAFKA_TIME = datetime(2024, 1, 1, 11, 59, tzinfo=UTC)
 
 
 def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=timezone.utc)
+    return datetime(*parts, tzinfo=UTC)
 
 
 def event(**overrides) -> bytes:

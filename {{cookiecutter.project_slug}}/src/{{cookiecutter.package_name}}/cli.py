@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from . import checkpoints
+from .bench import add_arguments as add_bench_arguments
+from .bench import cmd_bench
 from .config import Config, ConfigError, load_config
 from .kafka_local import LocalKafka, resolve_broker_jars
 
@@ -52,6 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     local = commands.add_parser("kafka-local", help="a single-node Kafka broker for development")
     local.add_argument("action", choices=["start", "stop", "status"])
 
+    chaos = commands.add_parser(
+        "chaos", help="kill and restart the pipeline at random while producing, then check exactly-once"
+    )
+    chaos.add_argument("--kills", type=int, default=10)
+    chaos.add_argument("--seed", type=int, default=1)
+    chaos.add_argument("--records", type=int, default=2000)
+    chaos.add_argument("--workdir", default=".chaos", help="each run gets a fresh lakehouse below it")
+
+    bench = commands.add_parser(
+        "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
+    )
+    add_bench_arguments(bench)
+
     commands.add_parser("setup", help="download and cache every JVM jar (Spark packages, Kafka broker)")
     return parser
 
@@ -88,7 +105,18 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from .streams import run_available_now
     from .tables import LAYERS
 
+    stop_requested = threading.Event()
+
+    def request_stop(*_: object) -> None:
+        stop_requested.set()
+
+    # Before Spark starts, so a SIGTERM during start-up also stops cleanly, and
+    # again after: starting the SparkContext replaces the SIGINT handler.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
     spark = _spark(config, f"pipeline-{args.layer}")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
     reporter = ProgressReporter()
     spark.streams.addListener(reporter)
     layers = LAYERS if args.layer == "all" else (args.layer,)
@@ -96,34 +124,44 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         if args.available_now:
             run_available_now(spark, config, layers)
             return 0
-        return _run_until_stopped(spark, config, layers)
+        return _run_until_stopped(spark, config, layers, stop_requested)
     finally:
+        # Listener events are delivered asynchronously: let the last batches report.
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
         spark.streams.removeListener(reporter)
 
 
-def _run_until_stopped(spark, config: Config, layers: tuple[str, ...]) -> int:
+def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requested: threading.Event) -> int:
     from .streams import start_stream
 
-    queries = [start_stream(spark, config, layer, available_now=False) for layer in layers]
-    stop_requested = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop_requested.set())
+    queries = []
+    for layer in layers:
+        if not stop_requested.is_set():
+            queries.append(start_stream(spark, config, layer, available_now=False))
     while not stop_requested.is_set() and all(query.isActive for query in queries):
         stop_requested.wait(1.0)
+    # A stream that ended on its own failed; the others are stopped by us.
+    failed = [query for query in queries if not query.isActive and query.exception() is not None]
     for query in queries:
-        _stop_after_current_batch(query)
-    failed = [query for query in queries if query.exception() is not None]
+        if query.isActive:
+            _stop_after_current_batch(query)
+            if query.exception() is not None:
+                print(
+                    f"stream {query.name} was stopped inside a batch; that batch is replayed on the next start",
+                    file=sys.stderr,
+                )
     for query in failed:
         print(f"stream {query.name} failed: {query.exception()}", file=sys.stderr)
     return 1 if failed else 0
 
 
 def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
-    # stop() interrupts a running batch; it would be replayed on restart (still
-    # exactly-once), but waiting for the trigger to finish stops cleanly.
+    # Spark has no graceful stop: stop() interrupts a running batch. That is safe
+    # (the batch is replayed, exactly once, on the next start), but waiting for
+    # the current trigger to end usually avoids it.
     deadline = time.monotonic() + timeout_s
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     query.stop()
 
 
@@ -237,6 +275,28 @@ def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
     return 0 if status else 1
 
 
+def cmd_chaos(config: Config, args: argparse.Namespace) -> int:
+    from .chaos import run_chaos
+    from .kafka_local import running_bootstrap
+
+    workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
+    # Never the configured lakehouse: the runner creates its own topic and tables.
+    run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
+    broker = None
+    if config.kafka.bootstrap_servers == "local" and running_bootstrap(config.kafka_local_home) is None:
+        broker = LocalKafka(workdir / "kafka")
+        kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
+        run_config = dataclasses.replace(run_config, kafka=kafka)
+    try:
+        report = run_chaos(run_config, args.kills, args.seed, args.records)
+    finally:
+        if broker is not None:
+            broker.stop()
+    print(report.table())
+    print(f"work directory: {workdir}")
+    return 0 if report.clean else 1
+
+
 def cmd_setup(config: Config, args: argparse.Namespace) -> int:
     jars = resolve_broker_jars()
     print(f"Kafka broker: {len(jars)} jars cached")
@@ -254,5 +314,7 @@ COMMANDS = {
     "checkpoints": cmd_checkpoints,
     "show": cmd_show,
     "kafka-local": cmd_kafka_local,
+    "chaos": cmd_chaos,
+    "bench": cmd_bench,
     "setup": cmd_setup,
 }

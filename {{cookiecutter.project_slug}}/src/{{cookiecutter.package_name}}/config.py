@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-
-import tomllib
 
 ENV_VAR = "PIPELINE_ENV"
 CONFIG_FILE_VAR = "PIPELINE_CONFIG"
@@ -28,6 +27,8 @@ ENV_OVERRIDES = {
     ("lakehouse", "root"): "LAKEHOUSE_ROOT",
     ("spark", "master"): "SPARK_MASTER",
     ("kafka_local", "home"): "KAFKA_LOCAL_HOME",
+    ("kafka", "max_offsets_per_trigger"): "KAFKA_MAX_OFFSETS_PER_TRIGGER",
+    ("pipeline", "trigger_interval"): "PIPELINE_TRIGGER_INTERVAL",
 }
 SASL_USERNAME_VAR = "KAFKA_SASL_USERNAME"
 SASL_PASSWORD_VAR = "KAFKA_SASL_PASSWORD"
@@ -137,7 +138,16 @@ def _apply_env_overrides(raw: dict, environ: Mapping[str, str]) -> None:
         if value is None or value == "":
             continue
         expected = SCHEMA[section][key]
-        raw.setdefault(section, {})[key] = [item.strip() for item in value.split(",")] if expected is list else value
+        if expected is list:
+            parsed: object = [item.strip() for item in value.split(",")]
+        elif expected is int:
+            try:
+                parsed = int(value)
+            except ValueError:
+                raise ConfigError(f"{var}: {value!r} is not a whole number ({section}.{key})") from None
+        else:
+            parsed = value
+        raw.setdefault(section, {})[key] = parsed
 
 
 def _check_shape(raw: dict) -> None:

@@ -10,7 +10,7 @@ import json
 import random
 import uuid
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from confluent_kafka import Producer
@@ -54,7 +54,7 @@ def sample_records(
     if not 0.0 <= malformed_ratio <= 1.0:
         raise ValueError(f"malformed_ratio must be between 0 and 1, got {malformed_ratio}")
     rng = random.Random(seed)
-    start = start or datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    start = start or datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
     prefix = prefix or f"evt-{seed}"
     for index in range(count):
         event = sample_event(index, rng, start, prefix)

@@ -39,11 +39,21 @@ def delta_transaction(session: SparkSession, app_id: str, batch_id: int) -> Iter
         session.conf.unset(TXN_VERSION)
 
 
-def kafka_key_ranges(rows: DataFrame) -> list[Row]:
-    """(topic, partition, min offset, max offset) of a batch: small, one row per partition."""
+def append_idempotent(rows: DataFrame, path: str, app_id: str, batch_id: int) -> None:
+    """Append a micro-batch once: Delta skips the write if (app_id, batch_id) is already committed."""
+    rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id).save(path)
+
+
+def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
+    """(topic, partition, first_offset, last_offset, records, *aggregates) of a batch: one row per partition."""
     return (
         rows.groupBy("topic", "partition")
-        .agg(F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"))
+        .agg(
+            F.min("offset").alias("first_offset"),
+            F.max("offset").alias("last_offset"),
+            F.count(F.lit(1)).alias("records"),
+            *aggregates,
+        )
         .collect()
     )
 

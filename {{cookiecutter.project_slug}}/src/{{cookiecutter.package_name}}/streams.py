@@ -5,9 +5,9 @@ Exactly-once, end to end, rests on three parts:
   gold) are written to the stream's offset log before a batch runs;
 * the checkpoint: a batch whose commit-log entry is missing is replayed with
   exactly the offsets logged for it;
-* idempotent sinks: bronze uses Delta's streaming sink, which records
-  (query id, batch id) in the table's log; silver and gold tag their MERGEs
-  the same way, so a replayed batch changes nothing.
+* idempotent sinks: every stream writes in foreachBatch and tags each Delta
+  commit with (stream id, batch id): an append in bronze, MERGEs in silver and
+  gold. A replayed batch finds its tag committed and changes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from . import checkpoints
 from .config import Config
+from .faults import crash_points
 from .kafka_io import spark_source_options, topic_partitions
-from .sinks import add_to_windows, insert_new_kafka_records, kafka_key_ranges
+from .sinks import add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
 from .transforms import (
     bronze_records,
@@ -73,14 +74,16 @@ def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
     if prepared.lost_checkpoint:
         options["startingOffsets"] = resume_offsets(spark, config, lakehouse)
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
+    bronze_path = lakehouse.table(BRONZE)
+
+    def write_batch(rows: DataFrame, batch_id: int) -> None:
+        with crash_points(rows.sparkSession, "bronze", batch_id):
+            append_idempotent(rows, bronze_path, prepared.stream_id, batch_id)
+
     kafka_rows = spark.readStream.format("kafka").options(**options).load()
-    # Delta's streaming sink is idempotent by itself: it records (query id, batch id).
-    return (
-        bronze_records(kafka_rows)
-        .writeStream.format("delta")
-        .outputMode("append")
-        .option("path", lakehouse.table(BRONZE))
-    )
+    # Applied to the stream, not inside write_batch: here current_timestamp() is
+    # the batch time from the offset log, the same when the batch is replayed.
+    return bronze_records(kafka_rows).writeStream.foreachBatch(write_batch)
 
 
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> str:
@@ -106,9 +109,19 @@ def _start_silver(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         parsed = parse_events(first_per_kafka_record(bronze_batch)).persist()
         try:
-            ranges = kafka_key_ranges(parsed)
-            insert_new_kafka_records(valid_events(parsed), silver_path, ranges, prepared.stream_id, batch_id)
-            insert_new_kafka_records(quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id)
+            with crash_points(bronze_batch.sparkSession, "silver", batch_id):
+                ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
+                rejected = sum(r.rejected for r in ranges)
+                # Two tables, two commits: each is idempotent on its own, so a crash
+                # between them is repaired by the replay writing only the second. A table
+                # with nothing to insert is left alone (a replay finds nothing either):
+                # a MERGE costs about a second even when its source is empty.
+                if rejected < sum(r.records for r in ranges):
+                    insert_new_kafka_records(valid_events(parsed), silver_path, ranges, prepared.stream_id, batch_id)
+                if rejected:
+                    insert_new_kafka_records(
+                        quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
+                    )
         finally:
             parsed.unpersist()
 
@@ -120,9 +133,16 @@ def _start_gold(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepa
     gold_path = lakehouse.table(GOLD)
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
-        if silver_batch.isEmpty():
-            return
-        add_to_windows(window_aggregates(silver_batch, config.gold_window), gold_path, prepared.stream_id, batch_id)
+        # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
+        # was a second scan per batch, and made numInputRows count the rows it read too.)
+        aggregates = window_aggregates(silver_batch, config.gold_window).persist()
+        try:
+            if aggregates.isEmpty():
+                return
+            with crash_points(silver_batch.sparkSession, "gold", batch_id):
+                add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id)
+        finally:
+            aggregates.unpersist()
 
     silver = spark.readStream.format("delta").load(lakehouse.table(SILVER))
     return silver.writeStream.foreachBatch(write_batch)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -142,11 +143,23 @@ def ensure_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
         builder = DeltaTable.createIfNotExists(spark).location(lakehouse.table(name)).addColumns(schema)
         if name in APPEND_ONLY:
             builder = builder.property("delta.appendOnly", "true")
-        builder.execute()
+        try:
+            builder.execute()
+        except Exception:
+            # Streams of one pipeline may start in separate processes at once: if
+            # another one created the table first, there is nothing left to do.
+            if not table_exists(spark, lakehouse.table(name)):
+                raise
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
-    return DeltaTable.isDeltaTable(spark, path)
+    # Not DeltaTable.isDeltaTable: it can keep answering False from a cached log
+    # after another process created the table. Loading refreshes the snapshot.
+    try:
+        spark.read.format("delta").load(path)
+    except AnalysisException:
+        return False
+    return True
 
 
 def table_has_rows(spark: SparkSession, path: str) -> bool:

@@ -1,0 +1,264 @@
+"""Chaos runner: kill the running pipeline at random moments, then prove nothing was lost or doubled.
+
+While a transactional producer writes numbered records (most transactions
+committed, every third aborted), the pipeline (`run --layer all`) runs as a
+separate process and is SIGKILLed at seeded random moments, then restarted.
+Finally it drains with --available-now, and the runner checks the tables
+against its own ledger of what it committed to Kafka. The checks use none of
+the pipeline's code: Spark only reads the Delta tables, the rest is plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
+EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
+MALFORMED_EVERY = 17
+ABORT_EVERY = 3
+
+
+@dataclass
+class Ledger:
+    """What the runner wrote to Kafka: its oracle."""
+
+    committed: dict[str, bytes] = field(default_factory=dict)
+    aborted: set[str] = field(default_factory=set)
+
+    def valid_events(self) -> list[dict]:
+        events = []
+        for value in self.committed.values():
+            try:
+                events.append(json.loads(value))
+            except ValueError:
+                continue
+        return events
+
+
+def numbered_record(run: str, number: int, rng: random.Random) -> tuple[str, bytes]:
+    key = f"{run}-{number:07d}"
+    if number % MALFORMED_EVERY == 0:
+        return key, b"{broken record " + key.encode()
+    event = {
+        "event_id": key,
+        "event_time": (EVENT_START + timedelta(seconds=rng.randrange(3600))).isoformat(),
+        "user_id": f"user-{rng.randrange(20)}",
+        "event_type": rng.choice(EVENT_TYPES),
+        "amount": float(Decimal(rng.randrange(1, 50_000)) / 100),
+    }
+    return key, json.dumps(event).encode()
+
+
+def produce_numbered(
+    producer_config: dict,
+    topic: str,
+    run: str,
+    records: int,
+    seed: int,
+    ledger: Ledger,
+    duration_s: float,
+    transaction_size: int = 25,
+) -> None:
+    """Produce ``records`` numbered records over about ``duration_s``; abort every third transaction."""
+    rng = random.Random(seed)
+    producer = Producer({**producer_config, "transactional.id": f"chaos-{run}", "linger.ms": 5})
+    producer.init_transactions(30)
+    transactions = (records + transaction_size - 1) // transaction_size
+    pause = duration_s / max(transactions, 1)
+    for index in range(transactions):
+        batch = [
+            numbered_record(run, number, rng)
+            for number in range(index * transaction_size, min(records, (index + 1) * transaction_size))
+        ]
+        producer.begin_transaction()
+        for key, value in batch:
+            producer.produce(topic, key=key.encode(), value=value)
+        if index % ABORT_EVERY == ABORT_EVERY - 1:
+            producer.flush(30)  # the aborted records really reach the log, behind an abort marker
+            producer.abort_transaction(30)
+            ledger.aborted.update(key for key, _ in batch)
+        else:
+            producer.commit_transaction(30)
+            ledger.committed.update(batch)
+        time.sleep(pause)
+
+
+def verify(
+    ledger: Ledger,
+    bronze: list[tuple[str, int, int, bytes | None]],
+    silver: list[tuple[str, int, int]],
+    quarantine: list[tuple[str, int, int]],
+    gold: list[tuple[int, str, int, Decimal]],
+    window_seconds: int,
+) -> dict[str, int]:
+    """Anomalies by kind (all zero when exactly-once held).
+
+    bronze rows: (topic, partition, offset, key bytes); silver and quarantine
+    rows: (topic, partition, offset); gold rows: (window_start as epoch seconds,
+    event_type, event_count, amount_sum).
+    """
+    key_at = {(t, p, o): (k or b"").decode() for t, p, o, k in bronze}
+    bronze_copies = Counter((k or b"").decode() for _, _, _, k in bronze)
+    silver_copies = Counter(key_at.get(row, "?") for row in silver)
+    quarantine_copies = Counter(key_at.get(row, "?") for row in quarantine)
+    committed = set(ledger.committed)
+    malformed = {key for key, value in ledger.committed.items() if not value.startswith(b'{"')}
+    parsed = set(silver_copies) | set(quarantine_copies)
+
+    expected_gold: dict[tuple[int, str], tuple[int, Decimal]] = {}
+    for event in ledger.valid_events():
+        epoch = int(datetime.fromisoformat(event["event_time"]).timestamp())
+        window = (epoch - epoch % window_seconds, event["event_type"])
+        count, amount = expected_gold.get(window, (0, Decimal("0")))
+        expected_gold[window] = (count + 1, amount + Decimal(str(event["amount"])))
+    actual_gold = {(start, kind): (n, total) for start, kind, n, total in gold}
+    gold_keys = set(expected_gold) | set(actual_gold)
+
+    return {
+        "committed_missing_in_bronze": len(committed - set(bronze_copies)),
+        "duplicates_in_bronze": sum(n - 1 for n in bronze_copies.values()),
+        "aborted_visible": len(ledger.aborted & (set(bronze_copies) | parsed)),
+        "unknown_records": len((set(bronze_copies) | parsed) - committed - ledger.aborted),
+        "committed_missing_in_silver_and_quarantine": len(committed - parsed),
+        "duplicates_in_silver_or_quarantine": sum(n - 1 for n in (silver_copies + quarantine_copies).values()),
+        "in_the_wrong_table": len((set(silver_copies) & malformed) | (set(quarantine_copies) - malformed)),
+        "gold_windows_wrong": sum(1 for key in gold_keys if expected_gold.get(key) != actual_gold.get(key)),
+    }
+
+
+def pending_batches(checkpoint_root: Path) -> int:
+    """Batches with an offset-log entry but no commit-log entry: each is replayed on restart."""
+    pending = 0
+    for stream_dir in checkpoint_root.glob("*"):
+        logged = [int(p.name) for p in (stream_dir / "offsets").glob("[0-9]*")]
+        committed = [int(p.name) for p in (stream_dir / "commits").glob("[0-9]*")]
+        if logged and max(logged) > max(committed, default=-1):
+            pending += 1
+    return pending
+
+
+@dataclass
+class ChaosReport:
+    kills: int
+    records_committed: int
+    records_aborted: int
+    batches_replayed: int
+    anomalies: dict[str, int]
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.anomalies.values())
+
+    def table(self) -> str:
+        rows = [
+            ("kills", self.kills),
+            ("records committed", self.records_committed),
+            ("records aborted", self.records_aborted),
+            ("batches replayed", self.batches_replayed),
+            *((f"anomaly: {kind}", count) for kind, count in self.anomalies.items()),
+        ]
+        lines = [f"{name:<50} {value:>8}" for name, value in rows]
+        lines.append(f"{'verdict':<50} {'clean' if self.clean else 'ANOMALIES':>8}")
+        return "\n".join(lines)
+
+
+def pipeline_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", __package__, *args]
+
+
+def run_chaos(
+    config,
+    kills: int,
+    seed: int,
+    records: int,
+    kill_window_s: tuple[float, float] = (6.0, 20.0),
+) -> ChaosReport:
+    """Kill and restart the pipeline ``kills`` times while producing, drain, and verify.
+
+    ``config`` points at the broker and at a lakehouse of this run only.
+    """
+    from .config import duration_seconds
+    from .kafka_io import bootstrap_servers, client_config
+    from .spark import build_spark
+    from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+
+    rng = random.Random(seed)
+    run = f"chaos{seed}-{uuid.uuid4().hex[:6]}"
+    topic = run
+    admin = AdminClient(client_config(config))
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    # A crash point armed by the caller would stop every restart at the same place.
+    inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
+    env = {
+        **inherited,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers(config),
+        "KAFKA_TOPICS": topic,
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "PIPELINE_TRIGGER_INTERVAL": "1 second",
+        # Small batches: more batch boundaries for the kills to land on.
+        "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
+    }
+    ledger = Ledger()
+    schedule = [rng.uniform(*kill_window_s) for _ in range(kills)]
+    producer = threading.Thread(
+        target=produce_numbered,
+        args=(client_config(config), topic, run, records, seed, ledger, sum(schedule) * 0.8),
+        daemon=True,
+    )
+    producer.start()
+    replayed = 0
+    for delay in schedule:
+        pipeline = subprocess.Popen(
+            pipeline_command("run", "--layer", "all"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        time.sleep(delay)
+        os.killpg(pipeline.pid, signal.SIGKILL)  # the driver and its JVM, with no warning
+        pipeline.wait()
+        replayed += pending_batches(Path(config.lakehouse_root) / "checkpoints")
+    producer.join()
+    drained = subprocess.run(
+        pipeline_command("run", "--layer", "all", "--available-now"), env=env, capture_output=True, text=True
+    )
+    if drained.returncode != 0:
+        raise RuntimeError(f"the final drain failed:\n{drained.stderr[-5000:]}")
+
+    spark = build_spark("chaos-verify", config.spark_master, config.shuffle_partitions)
+
+    def rows(name: str, *columns: str) -> list[tuple]:
+        table = spark.read.format("delta").load(lakehouse.table(name))
+        return [tuple(row) for row in table.selectExpr(*columns).collect()]
+
+    anomalies = verify(
+        ledger,
+        [
+            (t, p, o, None if k is None else bytes(k))
+            for t, p, o, k in rows(BRONZE, "topic", "partition", "offset", "key")
+        ],
+        rows(SILVER, "topic", "partition", "offset"),
+        rows(QUARANTINE, "topic", "partition", "offset"),
+        # Epoch seconds: collected timestamps would come back in the local time zone.
+        rows(GOLD, "cast(window_start AS long)", "event_type", "event_count", "amount_sum"),
+        duration_seconds(config.gold_window, "pipeline.gold_window"),
+    )
+    return ChaosReport(kills, len(ledger.committed), len(ledger.aborted), replayed, anomalies)

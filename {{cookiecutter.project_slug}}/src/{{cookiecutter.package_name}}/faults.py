@@ -1,0 +1,59 @@
+"""Deterministic crash points, for proving exactly-once under faults.
+
+Off unless PIPELINE_CRASH_POINT is set to ``<stream>:<point>:<batch id>``, e.g.
+``silver:after_sink_commit:0``. At that point the driver kills itself with
+SIGKILL: no cleanup, no commit-log entry, as an OOM kill or a lost node would.
+
+Points, inside a stream's micro-batch:
+* before_sink_commit  the offsets are logged, nothing of the batch is written;
+* mid_batch           the batch's Spark job is running (tasks reading and writing
+                      data files), its Delta commit not yet made;
+* after_sink_commit   every sink table has committed the batch, Spark has not yet
+                      written its commit-log entry: the classic duplicate window.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+CRASH_POINT_VAR = "PIPELINE_CRASH_POINT"
+BEFORE_SINK_COMMIT = "before_sink_commit"
+MID_BATCH = "mid_batch"
+AFTER_SINK_COMMIT = "after_sink_commit"
+POINTS = (BEFORE_SINK_COMMIT, MID_BATCH, AFTER_SINK_COMMIT)
+
+
+def _armed(stream: str, point: str, batch_id: int) -> bool:
+    return os.environ.get(CRASH_POINT_VAR) == f"{stream}:{point}:{batch_id}"
+
+
+def _crash(stream: str, point: str, batch_id: int) -> None:
+    print(f"crash point {stream}:{point}:{batch_id}: killing the driver", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _crash_once_a_job_runs(session: SparkSession, stream: str, batch_id: int) -> None:
+    tracker = session.sparkContext.statusTracker()
+    while not tracker.getActiveJobsIds():
+        time.sleep(0.005)
+    _crash(stream, MID_BATCH, batch_id)
+
+
+@contextmanager
+def crash_points(session: SparkSession, stream: str, batch_id: int) -> Iterator[None]:
+    """Wrap a micro-batch's writes; does nothing unless a crash point is armed."""
+    if _armed(stream, BEFORE_SINK_COMMIT, batch_id):
+        _crash(stream, BEFORE_SINK_COMMIT, batch_id)
+    if _armed(stream, MID_BATCH, batch_id):
+        threading.Thread(target=_crash_once_a_job_runs, args=(session, stream, batch_id), daemon=True).start()
+    yield
+    if _armed(stream, AFTER_SINK_COMMIT, batch_id):
+        _crash(stream, AFTER_SINK_COMMIT, batch_id)

@@ -1,0 +1,241 @@
+"""Exactly-once under faults: crash points at every layer, random kills, a restarted broker."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.errors import AnalysisException
+
+from {{ cookiecutter.package_name }}.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
+from {{ cookiecutter.package_name }}.config import duration_seconds
+from {{ cookiecutter.package_name }}.faults import CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.kafka_io import client_config
+from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.spark_cluster import StandaloneCluster
+from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+
+# --- the oracle itself must be able to fail -------------------------------------------------
+
+LEDGER = Ledger(
+    committed={
+        "r-1": b'{"event_id": "r-1", "event_time": "2024-06-01T12:00:10+00:00", "event_type": "buy", "amount": 1.5}',
+        "r-2": b'{"event_id": "r-2", "event_time": "2024-06-01T12:00:20+00:00", "event_type": "buy", "amount": 2.25}',
+        "r-3": b"{broken",
+    },
+    aborted={"r-9"},
+)
+BRONZE_ROWS = [("t", 0, 0, b"r-1"), ("t", 0, 1, b"r-2"), ("t", 0, 2, b"r-3")]
+SILVER_ROWS = [("t", 0, 0), ("t", 0, 1)]
+QUARANTINE_ROWS = [("t", 0, 2)]
+WINDOW_12_00 = 1717243200
+GOLD_ROWS = [(WINDOW_12_00, "buy", 2, Decimal("3.75"))]
+
+
+def anomalies(bronze=BRONZE_ROWS, silver=SILVER_ROWS, quarantine=QUARANTINE_ROWS, gold=GOLD_ROWS) -> dict:
+    found = verify(LEDGER, bronze, silver, quarantine, gold, 60)
+    return {kind: count for kind, count in found.items() if count}
+
+
+def test_oracle_finds_nothing_when_every_record_landed_once():
+    assert anomalies() == {}
+
+
+def test_oracle_reports_a_planted_duplicate():
+    assert anomalies(silver=[*SILVER_ROWS, ("t", 0, 1)]) == {"duplicates_in_silver_or_quarantine": 1}
+
+
+def test_oracle_reports_a_planted_loss():
+    assert anomalies(silver=[("t", 0, 0)]) == {"committed_missing_in_silver_and_quarantine": 1}
+    # Gold is checked against the committed input, not against silver: a loss upstream shows there too.
+    found = anomalies(silver=[("t", 0, 0)], gold=[(WINDOW_12_00, "buy", 1, Decimal("1.50"))])
+    assert found == {"committed_missing_in_silver_and_quarantine": 1, "gold_windows_wrong": 1}
+
+
+def test_oracle_reports_an_aborted_record_that_became_visible():
+    found = anomalies(bronze=[*BRONZE_ROWS, ("t", 0, 5, b"r-9")])
+    assert found == {"aborted_visible": 1}
+
+
+def test_oracle_reports_gold_that_differs_from_the_committed_input():
+    assert anomalies(gold=[(WINDOW_12_00, "buy", 3, Decimal("3.75"))]) == {"gold_windows_wrong": 1}
+
+
+def test_oracle_reports_a_record_in_the_wrong_table():
+    found = anomalies(silver=[*SILVER_ROWS, ("t", 0, 2)], quarantine=[])
+    assert found == {"in_the_wrong_table": 1}
+
+
+# --- deterministic crash points -------------------------------------------------------------
+
+
+def pipeline(*args: str, env: dict) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def pipeline_env(config, **extra: str) -> dict:
+    return {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "KAFKA_MAX_OFFSETS_PER_TRIGGER": "50",
+        **extra,
+    }
+
+
+def committed_ledger(config, records: int, seed: int) -> Ledger:
+    ledger = Ledger()
+    produce_numbered(client_config(config), config.kafka.topics[0], f"r{seed}", records, seed, ledger, 0.0)
+    return ledger
+
+
+def oracle(spark, config, ledger: Ledger) -> dict:
+    lakehouse = Lakehouse(config.lakehouse_root)
+
+    def rows(name: str, *columns: str) -> list[tuple]:
+        return [tuple(r) for r in spark.read.format("delta").load(lakehouse.table(name)).selectExpr(*columns).collect()]
+
+    return verify(
+        ledger,
+        [(t, p, o, bytes(k)) for t, p, o, k in rows(BRONZE, "topic", "partition", "offset", "key")],
+        rows(SILVER, "topic", "partition", "offset"),
+        rows(QUARANTINE, "topic", "partition", "offset"),
+        rows(GOLD, "cast(window_start AS long)", "event_type", "event_count", "amount_sum"),
+        duration_seconds(config.gold_window, "pipeline.gold_window"),
+    )
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("stream", ["bronze", "silver", "gold"])
+def test_crash_at_a_batch_boundary_loses_and_doubles_nothing(spark, config, stream, point):
+    ledger = committed_ledger(config, 120, seed=31)
+    crash_at = f"{stream}:{point}:0"
+
+    crash_env = pipeline_env(config, **{CRASH_POINT_VAR: crash_at})
+    crashed = pipeline("run", "--layer", "all", "--available-now", env=crash_env)
+
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert f"crash point {crash_at}" in crashed.stderr
+    assert pending_batches(Path(config.lakehouse_root) / "checkpoints") == 1
+    recovered = pipeline("run", "--layer", "all", "--available-now", env=pipeline_env(config))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(1)
+
+
+def bronze_rows(spark, config) -> int:
+    try:
+        rows = spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(BRONZE)).count()
+    except AnalysisException:  # not created yet
+        rows = 0
+    print(f"bronze rows: {rows}", flush=True)
+    return rows
+
+
+def caught_up(spark, config, ledger: Ledger) -> bool:
+    try:
+        return not any(oracle(spark, config, ledger).values())
+    except AnalysisException:  # a table not created yet
+        return False
+
+
+def start_pipeline(env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "all"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_pipeline(running: subprocess.Popen) -> None:
+    running.send_signal(signal.SIGTERM)
+    _, errors = running.communicate(timeout=180)
+    assert running.returncode == 0, errors[-5000:]
+
+
+def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark, config, tmp_path):
+    broker = LocalKafka(tmp_path / "own-broker")
+    bootstrap = broker.start()
+    try:
+        config = dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, bootstrap_servers=bootstrap))
+        topic = config.kafka.topics[0]
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+        running = start_pipeline(pipeline_env(config, PIPELINE_TRIGGER_INTERVAL="1 second"))
+        try:
+            first = committed_ledger(config, 100, seed=41)
+            wait_for(lambda: bronze_rows(spark, config) > 0, 180, "the pipeline to ingest")
+            broker.stop()
+            time.sleep(3)
+            assert broker.start() == bootstrap
+            second = committed_ledger(config, 100, seed=42)
+            ledger = Ledger({**first.committed, **second.committed}, first.aborted | second.aborted)
+            wait_for(lambda: caught_up(spark, config, ledger), 180, "every committed record in every layer")
+        finally:
+            stop_pipeline(running)
+    finally:
+        broker.stop()
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+# --- random kills ---------------------------------------------------------------------------
+
+
+def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config):
+    report = run_chaos(config, kills=10, seed=7, records=1500)
+
+    print(report.table())
+    assert report.kills == 10
+    assert report.records_committed > 0 and report.records_aborted > 0
+    assert report.clean, report.table()
+
+
+# --- a standalone cluster, with an executor killed -------------------------------------------
+
+
+def test_standalone_cluster_run_survives_an_executor_killed_mid_run(spark, config, tmp_path):
+    cluster = StandaloneCluster(tmp_path / "spark-cluster")
+    master = cluster.start()
+    try:
+        env = pipeline_env(
+            config,
+            SPARK_MASTER=master,
+            SPARK_LOCAL_IP="127.0.0.1",
+            PIPELINE_TRIGGER_INTERVAL="1 second",
+            KAFKA_MAX_OFFSETS_PER_TRIGGER="20",
+        )
+        running = start_pipeline(env)
+        try:
+            first = committed_ledger(config, 300, seed=51)
+            # Small batches every second: tasks are in flight most of the time.
+            wait_for(lambda: bronze_rows(spark, config) >= 40, 300, "batches on the cluster")
+            killed = cluster.kill_executor()
+            assert killed is not None, "no executor was running"
+            second = committed_ledger(config, 100, seed=52)
+            ledger = Ledger({**first.committed, **second.committed}, first.aborted | second.aborted)
+            wait_for(lambda: caught_up(spark, config, ledger), 400, "every committed record in every layer")
+            # The worker replaced the executor; the driver never restarted.
+            assert cluster.executor_pids() and killed not in cluster.executor_pids()
+            assert running.poll() is None
+        finally:
+            stop_pipeline(running)
+    finally:
+        cluster.stop()
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
