@@ -100,19 +100,21 @@ def test_continuous_run_processes_new_records_and_stops_cleanly_on_sigterm(spark
             return 0
 
     assert main(["produce-sample", "--count", "60", "--seed", "21"]) == 0
-    pipeline = subprocess.Popen(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(fast), "run", "--layer", "all"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path / "pipeline.log"
+    with log.open("w") as log_file:  # a file: an unread pipe that fills up blocks the pipeline
+        pipeline = subprocess.Popen(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(fast), "run", "--layer", "all"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for(lambda: gold_events() == 60, 180, "the first 60 events in gold")
         assert main(["produce-sample", "--count", "40", "--seed", "22"]) == 0
         wait_for(lambda: gold_events() == 100, 120, "40 more events in gold")
     finally:
         pipeline.send_signal(signal.SIGTERM)
-        output, _ = pipeline.communicate(timeout=180)
+        pipeline.wait(timeout=180)
+    output = log.read_text()
     assert pipeline.returncode == 0, output[-5000:]
     assert "Kafka lag" in output
 

@@ -154,20 +154,22 @@ def caught_up(spark, config, ledger: Ledger) -> bool:
         return False
 
 
-def start_pipeline(env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "all"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def start_pipeline(env: dict, log: Path) -> subprocess.Popen:
+    # A file, not a pipe: nobody reads a pipe while the pipeline runs, and a full
+    # pipe buffer (executor-loss stack traces fill 64 KB fast) blocks its logging.
+    with log.open("w") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "all"],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
 
 
-def stop_pipeline(running: subprocess.Popen) -> None:
+def stop_pipeline(running: subprocess.Popen, log: Path) -> None:
     running.send_signal(signal.SIGTERM)
-    _, errors = running.communicate(timeout=180)
-    assert running.returncode == 0, errors[-5000:]
+    running.wait(timeout=180)
+    assert running.returncode == 0, log.read_text()[-5000:]
 
 
 def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark, config, tmp_path):
@@ -178,7 +180,8 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
         topic = config.kafka.topics[0]
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-        running = start_pipeline(pipeline_env(config, PIPELINE_TRIGGER_INTERVAL="1 second"))
+        log = tmp_path / "pipeline.log"
+        running = start_pipeline(pipeline_env(config, PIPELINE_TRIGGER_INTERVAL="1 second"), log)
         try:
             first = committed_ledger(config, 100, seed=41)
             wait_for(lambda: bronze_rows(spark, config) > 0, 180, "the pipeline to ingest")
@@ -189,7 +192,7 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
             ledger = Ledger({**first.committed, **second.committed}, first.aborted | second.aborted)
             wait_for(lambda: caught_up(spark, config, ledger), 180, "every committed record in every layer")
         finally:
-            stop_pipeline(running)
+            stop_pipeline(running, log)
     finally:
         broker.stop()
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
@@ -221,7 +224,8 @@ def test_standalone_cluster_run_survives_an_executor_killed_mid_run(spark, confi
             PIPELINE_TRIGGER_INTERVAL="1 second",
             KAFKA_MAX_OFFSETS_PER_TRIGGER="20",
         )
-        running = start_pipeline(env)
+        log = tmp_path / "pipeline.log"
+        running = start_pipeline(env, log)
         try:
             first = committed_ledger(config, 300, seed=51)
             # Small batches every second: tasks are in flight most of the time.
@@ -235,7 +239,7 @@ def test_standalone_cluster_run_survives_an_executor_killed_mid_run(spark, confi
             assert cluster.executor_pids() and killed not in cluster.executor_pids()
             assert running.poll() is None
         finally:
-            stop_pipeline(running)
+            stop_pipeline(running, log)
     finally:
         cluster.stop()
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)

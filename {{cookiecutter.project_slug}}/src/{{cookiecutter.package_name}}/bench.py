@@ -43,7 +43,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from .chaos import pending_batches
 from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SASL_USERNAME_VAR, Config, load_config
+from .sample import EVENT_TYPES
 
 # Per-batch phases Spark reports in StreamingQueryProgress.durationMs.
 DURATION_KEYS = (
@@ -57,7 +59,6 @@ DURATION_KEYS = (
 )
 MARKER_PREFIX = "bench-marker-"
 CHILD_EVENT = "bench_event"
-EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
 
@@ -755,7 +756,9 @@ class _Bench:
             "event_id": F.format_string("bench-%012d", F.col("id")),
             "event_time": event_time,
             "user_id": F.format_string("user-%03d", F.col("id") % 50),
-            "event_type": F.element_at(F.array(*[F.lit(t) for t in EVENT_TYPES]), (F.col("id") % 4 + 1).cast("int")),
+            "event_type": F.element_at(
+                F.array(*[F.lit(t) for t in EVENT_TYPES]), (F.col("id") % len(EVENT_TYPES) + 1).cast("int")
+            ),
             "amount": ((F.col("id") % 100_000) / 100).cast(AMOUNT_TYPE),
             "topic": F.lit(topic),
             "partition": (F.col("id") % partitions).cast("int"),
@@ -1108,7 +1111,7 @@ class _Bench:
             into /= 2  # it finished first: this run was faster than the undisturbed one
         else:
             raise RuntimeError("phase 8: every drain finished before the kill")
-        pending = _pending_batches(Path(killed_config.lakehouse_root) / "checkpoints")
+        pending = pending_batches(Path(killed_config.lakehouse_root) / "checkpoints")
         second = drain(killed_config)
         drained = first["drain_s"] + second["drain_s"]
         if sizes.recovery_in_process:
@@ -1250,16 +1253,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _pending_batches(checkpoint_root: Path) -> dict[str, int]:
-    """Per stream: batches in the offset log without a commit-log entry (replayed on restart)."""
-    pending = {}
-    for stream_dir in sorted(checkpoint_root.glob("*")):
-        logged = [int(p.name) for p in (stream_dir / "offsets").glob("[0-9]*")]
-        committed = [int(p.name) for p in (stream_dir / "commits").glob("[0-9]*")]
-        pending[stream_dir.name] = max(0, max(logged, default=-1) - max(committed, default=-1))
-    return pending
 
 
 def _summary(run: dict) -> dict:

@@ -28,7 +28,8 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
+from .sample import EVENT_TYPES
+
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
 ABORT_EVERY = 3
@@ -224,14 +225,17 @@ def run_chaos(
     )
     producer.start()
     replayed = 0
-    for delay in schedule:
-        pipeline = subprocess.Popen(
-            pipeline_command("run", "--layer", "all"),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    logs = Path(config.lakehouse_root).parent / "pipeline-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for number, delay in enumerate(schedule, 1):
+        with (logs / f"run-{number:03d}.log").open("w") as log:
+            pipeline = subprocess.Popen(
+                pipeline_command("run", "--layer", "all"),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         time.sleep(delay)
         os.killpg(pipeline.pid, signal.SIGKILL)  # the driver and its JVM, with no warning
         pipeline.wait()
