@@ -15,7 +15,7 @@ from pathlib import Path
 from . import checkpoints
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench
-from .config import Config, ConfigError, load_config
+from .config import LOCAL_BOOTSTRAP, Config, ConfigError, load_config
 from .kafka_local import LocalKafka, resolve_broker_jars
 
 EXIT_CONFIG = 2
@@ -169,7 +169,7 @@ def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
     from .kafka_io import client_config, ensure_topics
     from .sample import produce, sample_records
 
-    if config.kafka.bootstrap_servers == "local":
+    if config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
         ensure_topics(config)
     topic = config.kafka.topics[0]
     sent = produce(client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio))
@@ -283,7 +283,7 @@ def cmd_chaos(config: Config, args: argparse.Namespace) -> int:
     # Never the configured lakehouse: the runner creates its own topic and tables.
     run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
     broker = None
-    if config.kafka.bootstrap_servers == "local" and running_bootstrap(config.kafka_local_home) is None:
+    if config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP and running_bootstrap(config.kafka_local_home) is None:
         broker = LocalKafka(workdir / "kafka")
         kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
         run_config = dataclasses.replace(run_config, kafka=kafka)
