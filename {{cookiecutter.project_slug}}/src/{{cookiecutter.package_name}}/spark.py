@@ -24,6 +24,9 @@ def build_spark(
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", str(ui_enabled).lower())
+        # The CLI reports progress itself; Spark's stage bar rewrites the same stderr line
+        # and runs into the summaries and tables printed after it.
+        .config("spark.ui.showConsoleProgress", "false")
         # Windows and event times are compared in UTC whatever the machine's zone.
         .config("spark.sql.session.timeZone", "UTC")
         # Small local tables: fewer tasks per Delta snapshot read.
