@@ -4,9 +4,9 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from {{ cookiecutter.package_name }}.config import Config, load_config
-from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
-from {{ cookiecutter.package_name }}.spark import build_spark
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
+from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench
-from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.pipeline.config import load_config
 
 TINY = dataclasses.replace(
     QUICK_SIZES,

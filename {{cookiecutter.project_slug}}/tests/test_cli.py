@@ -12,7 +12,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.tables import GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.kafka_io import bootstrap_servers, spark_source_options
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.cli import resolve_local_bootstrap
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
 
@@ -106,7 +107,13 @@ def test_sasl_credentials_come_from_the_environment_and_are_never_shown(tmp_path
 def test_local_bootstrap_without_a_running_broker_names_the_key(tmp_path):
     config = load_config("local", environ={"KAFKA_LOCAL_HOME": str(tmp_path / "no-broker")})
     with pytest.raises(ConfigError, match="kafka.bootstrap_servers: is 'local' but no local broker runs"):
-        bootstrap_servers(config)
+        resolve_local_bootstrap(config)
+
+
+def test_the_pipeline_refuses_an_unresolved_local_bootstrap():
+    config = load_config("local", environ={})
+    with pytest.raises(ConfigError, match="kafka.bootstrap_servers: 'local' names the development broker"):
+        spark_source_options(config)
 
 
 def test_a_numeric_override_that_is_not_a_number_names_the_variable():

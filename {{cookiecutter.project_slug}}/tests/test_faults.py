@@ -13,13 +13,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import AnalysisException
 
-from {{ cookiecutter.package_name }}.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
-from {{ cookiecutter.package_name }}.config import duration_seconds
-from {{ cookiecutter.package_name }}.faults import CRASH_POINT_VAR, POINTS
-from {{ cookiecutter.package_name }}.kafka_io import client_config
-from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
-from {{ cookiecutter.package_name }}.spark_cluster import StandaloneCluster
-from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
+from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
+from {{ cookiecutter.package_name }}.pipeline.crash_points import CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
 # --- the oracle itself must be able to fail -------------------------------------------------
 

@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from {{ cookiecutter.package_name }} import kafka_local
-from {{ cookiecutter.package_name }}.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools import kafka_local
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }} import checkpoints
-from {{ cookiecutter.package_name }}.audit import run_audit
-from {{ cookiecutter.package_name }}.kafka_io import client_config
-from {{ cookiecutter.package_name }}.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.streams import run_available_now
-from {{ cookiecutter.package_name }}.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
+from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline import checkpoints
+from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
 
 EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)

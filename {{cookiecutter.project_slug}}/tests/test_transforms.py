@@ -9,8 +9,8 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from {{ cookiecutter.package_name }}.tables import BRONZE_SCHEMA, GOLD_SCHEMA, QUARANTINE_SCHEMA, SILVER_SCHEMA
-from {{ cookiecutter.package_name }}.transforms import (
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE_SCHEMA, GOLD_SCHEMA, QUARANTINE_SCHEMA, SILVER_SCHEMA
+from {{ cookiecutter.package_name }}.pipeline.transforms import (
     first_per_kafka_record,
     parse_events,
     quarantined_records,
@@ -178,7 +178,7 @@ def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spar
 
 
 def test_bronze_records_keep_every_kafka_column(spark):
-    from {{ cookiecutter.package_name }}.transforms import bronze_records
+    from {{ cookiecutter.package_name }}.pipeline.transforms import bronze_records
 
     kafka_rows = (
         bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time").withColumnRenamed("timestamp_type", "timestampType")

@@ -1,4 +1,10 @@
-"""Command line: a thin layer over the pipeline modules."""
+"""Command line: a thin layer over the pipeline, the development tools and the benchmark.
+
+This is the edge where the development broker meets the pipeline: a config whose
+bootstrap is "local" is resolved here, once, to the broker `kafka-local start` runs.
+Development modules are imported inside the commands that need them, so `run` in
+production loads the pipeline only.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-from . import checkpoints
-from .bench import add_arguments as add_bench_arguments
-from .bench import cmd_bench
-from .config import LOCAL_BOOTSTRAP, Config, ConfigError, load_config
-from .kafka_local import LocalKafka, resolve_broker_jars
+from .pipeline import checkpoints
+from .pipeline.config import LOCAL_BOOTSTRAP, Config, ConfigError, load_config
 
 EXIT_CONFIG = 2
 EXIT_UNSAFE_START = 3
+# Commands that talk to Kafka through the configured brokers. chaos and bench start a
+# private broker when none runs, so they resolve "local" themselves.
+NEEDS_KAFKA = {"run", "produce-sample", "audit"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
     )
-    add_bench_arguments(bench)
+    bench.add_argument("--quick", action="store_true", help="a smaller run (about 4 minutes), the CI smoke size")
+    bench.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
+    bench.add_argument("--keep", action="store_true", help="keep the work directory, broker and topics")
 
     commands.add_parser("setup", help="download and cache every JVM jar (Spark packages, Kafka broker)")
     return parser
@@ -78,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = load_config(args.env, args.config)
+        args.local_broker = config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP
+        if args.command in NEEDS_KAFKA:
+            config = resolve_local_bootstrap(config)
         return COMMANDS[args.command](config, args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -87,8 +98,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNSAFE_START
 
 
+def resolve_local_bootstrap(config: Config) -> Config:
+    """The config with bootstrap "local" replaced by the address of the running development broker."""
+    if config.kafka.bootstrap_servers != LOCAL_BOOTSTRAP:
+        return config
+    from .devtools.kafka_local import running_bootstrap
+
+    bootstrap = running_bootstrap(config.kafka_local_home)
+    if bootstrap is None:
+        raise ConfigError(
+            f"kafka.bootstrap_servers: is 'local' but no local broker runs in {config.kafka_local_home}; "
+            "start one with `kafka-local start` or set KAFKA_BOOTSTRAP_SERVERS"
+        )
+    return dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, bootstrap_servers=bootstrap))
+
+
 def _spark(config: Config, app: str):
-    from .spark import build_spark
+    from .pipeline.spark import build_spark
 
     spark = build_spark(
         app_name=app,
@@ -101,9 +127,9 @@ def _spark(config: Config, app: str):
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from .progress import ProgressReporter
-    from .streams import run_available_now
-    from .tables import LAYERS
+    from .pipeline.progress import ProgressReporter
+    from .pipeline.streams import run_available_now
+    from .pipeline.tables import LAYERS
 
     stop_requested = threading.Event()
 
@@ -132,7 +158,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requested: threading.Event) -> int:
-    from .streams import start_stream
+    from .pipeline.streams import start_stream
 
     queries = []
     for layer in layers:
@@ -166,10 +192,10 @@ def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
 
 
 def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
-    from .kafka_io import client_config, ensure_topics
-    from .sample import produce, sample_records
+    from .devtools.sample import produce, sample_records
+    from .pipeline.kafka_io import client_config, ensure_topics
 
-    if config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
+    if args.local_broker:
         ensure_topics(config)
     topic = config.kafka.topics[0]
     sent = produce(client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio))
@@ -178,7 +204,7 @@ def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
 
 
 def describe(config: Config) -> dict:
-    from .tables import SCHEMAS, STREAMS, Lakehouse
+    from .pipeline.tables import SCHEMAS, STREAMS, Lakehouse
 
     lakehouse = Lakehouse(config.lakehouse_root)
     return {
@@ -212,7 +238,7 @@ def cmd_describe(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_audit(config: Config, args: argparse.Namespace) -> int:
-    from .audit import run_audit
+    from .pipeline.audit import run_audit
 
     report = run_audit(_spark(config, "audit"), config)
     if args.json:
@@ -227,7 +253,7 @@ def cmd_audit(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
-    from .tables import STREAMS, Lakehouse, with_downstream
+    from .pipeline.tables import STREAMS, Lakehouse, with_downstream
 
     spark = _spark(config, "checkpoints")
     lakehouse = Lakehouse(config.lakehouse_root)
@@ -248,7 +274,7 @@ def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_show(config: Config, args: argparse.Namespace) -> int:
-    from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from .pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
     name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
     table = _spark(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
@@ -259,6 +285,8 @@ def cmd_show(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
+    from .devtools.kafka_local import LocalKafka
+
     broker = LocalKafka(config.kafka_local_home)
     if args.action == "start":
         try:
@@ -276,17 +304,19 @@ def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_chaos(config: Config, args: argparse.Namespace) -> int:
-    from .chaos import run_chaos
-    from .kafka_local import running_bootstrap
+    from .devtools.chaos import run_chaos
+    from .devtools.kafka_local import LocalKafka, running_bootstrap
 
     workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
     # Never the configured lakehouse: the runner creates its own topic and tables.
     run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
     broker = None
-    if config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP and running_bootstrap(config.kafka_local_home) is None:
+    if args.local_broker and running_bootstrap(config.kafka_local_home) is None:
         broker = LocalKafka(workdir / "kafka")
         kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
         run_config = dataclasses.replace(run_config, kafka=kafka)
+    else:
+        run_config = resolve_local_bootstrap(run_config)
     try:
         report = run_chaos(run_config, args.kills, args.seed, args.records)
     finally:
@@ -297,7 +327,16 @@ def cmd_chaos(config: Config, args: argparse.Namespace) -> int:
     return 0 if report.clean else 1
 
 
+def cmd_bench(config: Config, args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    run_bench(config, quick=args.quick, output_dir=Path(args.output), keep=args.keep)
+    return 0
+
+
 def cmd_setup(config: Config, args: argparse.Namespace) -> int:
+    from .devtools.kafka_local import resolve_broker_jars
+
     jars = resolve_broker_jars()
     print(f"Kafka broker: {len(jars)} jars cached")
     spark = _spark(config, "setup")

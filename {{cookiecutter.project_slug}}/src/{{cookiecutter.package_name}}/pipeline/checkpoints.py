@@ -84,7 +84,8 @@ def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Stream
 
 @dataclass(frozen=True)
 class Prepared:
-    stream_id: str
+    # The txnAppId of the stream's sink commits; None only for an at-least-once run.
+    stream_id: str | None
     lost_checkpoint: bool
 
 

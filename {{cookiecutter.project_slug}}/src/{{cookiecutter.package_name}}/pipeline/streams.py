@@ -12,6 +12,7 @@ Exactly-once, end to end, rests on three parts:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -22,9 +23,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from . import checkpoints
 from .config import Config
-from .faults import crash_points
+from .crash_points import crash_points
 from .kafka_io import spark_source_options, topic_partitions
-from .sinks import add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
+from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
 from .transforms import (
     bronze_records,
@@ -45,10 +46,26 @@ def trigger_for(config: Config, available_now: bool) -> dict:
     return {"availableNow": True} if available_now else {"processingTime": config.trigger_interval}
 
 
-def start_stream(spark: SparkSession, config: Config, layer: str, available_now: bool) -> StreamingQuery:
+def start_stream(
+    spark: SparkSession,
+    config: Config,
+    layer: str,
+    available_now: bool,
+    delivery: Delivery = Delivery.EXACTLY_ONCE,
+) -> StreamingQuery:
+    """Start one stream of the pipeline.
+
+    Example::
+
+        start_stream(spark, config, "silver", available_now=True).awaitTermination()
+    """
+    if layer not in STREAMS:
+        raise ValueError(f"layer must be one of {', '.join(STREAMS)}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse)
     prepared = checkpoints.prepare(spark, lakehouse, STREAMS[layer])
+    if delivery is Delivery.AT_LEAST_ONCE:
+        prepared = dataclasses.replace(prepared, stream_id=None)
     starters: dict[str, Callable[..., StreamingQuery]] = {
         "bronze": _start_bronze,
         "silver": _start_silver,

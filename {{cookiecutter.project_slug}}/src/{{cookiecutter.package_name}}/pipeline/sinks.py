@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -22,14 +23,27 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
+class Delivery(Enum):
+    """What a stream's sinks do with a replayed batch."""
+
+    # Every commit is tagged (stream id, batch id): a replay writes nothing.
+    EXACTLY_ONCE = "exactly-once"
+    # Untagged commits: a replay writes again. Only the benchmark's baseline uses it,
+    # to measure what the tags cost with everything else the same.
+    AT_LEAST_ONCE = "at-least-once"
+
+
 @contextmanager
-def delta_transaction(session: SparkSession, app_id: str, batch_id: int) -> Iterator[None]:
+def delta_transaction(session: SparkSession, app_id: str | None, batch_id: int) -> Iterator[None]:
     """Tag every Delta DML run in this block (MERGE, UPDATE, DELETE) with (app_id, batch_id).
 
     Use the micro-batch DataFrame's own session (batch.sparkSession): each
     streaming query runs in a cloned session, so streams running side by side
-    never see each other's tags.
+    never see each other's tags. ``app_id`` None tags nothing (at-least-once).
     """
+    if app_id is None:
+        yield
+        return
     session.conf.set(TXN_APP_ID, app_id)
     session.conf.set(TXN_VERSION, str(batch_id))
     try:
@@ -39,9 +53,15 @@ def delta_transaction(session: SparkSession, app_id: str, batch_id: int) -> Iter
         session.conf.unset(TXN_VERSION)
 
 
-def append_idempotent(rows: DataFrame, path: str, app_id: str, batch_id: int) -> None:
-    """Append a micro-batch once: Delta skips the write if (app_id, batch_id) is already committed."""
-    rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", batch_id).save(path)
+def append_idempotent(rows: DataFrame, path: str, app_id: str | None, batch_id: int) -> None:
+    """Append a micro-batch once: Delta skips the write if (app_id, batch_id) is already committed.
+
+    ``app_id`` None appends untagged (at-least-once).
+    """
+    writer = rows.write.format("delta").mode("append")
+    if app_id is not None:
+        writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+    writer.save(path)
 
 
 def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
@@ -73,7 +93,9 @@ def _target_range_predicate(ranges: list[Row]) -> Column:
     )
 
 
-def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_id: str, batch_id: int) -> None:
+def insert_new_kafka_records(
+    rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int
+) -> None:
     """Insert the rows whose (topic, partition, offset) the table does not hold yet."""
     if not ranges:
         return
@@ -94,7 +116,7 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
         )
 
 
-def add_to_windows(aggregates: DataFrame, path: str, app_id: str, batch_id: int) -> None:
+def add_to_windows(aggregates: DataFrame, path: str, app_id: str | None, batch_id: int) -> None:
     """Add a batch's per-window counts and sums to the gold table.
 
     Addition is not idempotent by itself; the transaction tag is what makes a

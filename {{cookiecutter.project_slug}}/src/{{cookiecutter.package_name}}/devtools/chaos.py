@@ -180,7 +180,7 @@ class ChaosReport:
 
 
 def pipeline_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", __package__, *args]
+    return [sys.executable, "-m", __package__.rpartition(".")[0], *args]
 
 
 def run_chaos(
@@ -194,10 +194,10 @@ def run_chaos(
 
     ``config`` points at the broker and at a lakehouse of this run only.
     """
-    from .config import duration_seconds
-    from .kafka_io import bootstrap_servers, client_config
-    from .spark import build_spark
-    from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from ..pipeline.config import duration_seconds
+    from ..pipeline.kafka_io import bootstrap_servers, client_config
+    from ..pipeline.spark import build_spark
+    from ..pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
     rng = random.Random(seed)
     run = f"chaos{seed}-{uuid.uuid4().hex[:6]}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import LOCAL_BOOTSTRAP, Config, ConfigError
-from .kafka_local import running_bootstrap
 
 JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -15,15 +14,13 @@ JAAS_MODULES = {
 
 
 def bootstrap_servers(config: Config) -> str:
-    if config.kafka.bootstrap_servers != LOCAL_BOOTSTRAP:
-        return config.kafka.bootstrap_servers
-    bootstrap = running_bootstrap(config.kafka_local_home)
-    if bootstrap is None:
+    """The brokers to connect to. 'local' must have been resolved by the caller (the CLI does it once)."""
+    if config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
         raise ConfigError(
-            f"kafka.bootstrap_servers: is 'local' but no local broker runs in {config.kafka_local_home}; "
-            "start one with `kafka-local start` or set KAFKA_BOOTSTRAP_SERVERS"
+            "kafka.bootstrap_servers: 'local' names the development broker and was not resolved; "
+            "run through the command line, or set KAFKA_BOOTSTRAP_SERVERS"
         )
-    return bootstrap
+    return config.kafka.bootstrap_servers
 
 
 def client_config(config: Config, **extra: object) -> dict:

@@ -19,6 +19,8 @@ ENV_VAR = "PIPELINE_ENV"
 CONFIG_FILE_VAR = "PIPELINE_CONFIG"
 DEFAULT_ENV = "local"
 LOCAL_BOOTSTRAP = "local"
+# conf/ sits at the top of the package, where a team looks for it.
+CONF_PACKAGE = __package__.rpartition(".")[0]
 
 # (section, key) <- environment variable. Lists are comma-separated.
 ENV_OVERRIDES = {
@@ -122,7 +124,7 @@ def _read_toml(env: str, config_file: str | os.PathLike | None) -> dict:
             raise ConfigError(f"{CONFIG_FILE_VAR}: config file {str(path)!r} does not exist")
         text, source = path.read_text(), str(path)
     else:
-        packaged = resources.files(__package__).joinpath("conf", f"{env}.toml")
+        packaged = resources.files(CONF_PACKAGE).joinpath("conf", f"{env}.toml")
         if not packaged.is_file():
             raise ConfigError(f"{ENV_VAR}: no config for environment {env!r} (looked for conf/{env}.toml)")
         text, source = packaged.read_text(), f"conf/{env}.toml"

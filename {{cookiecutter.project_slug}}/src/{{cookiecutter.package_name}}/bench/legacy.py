@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .chaos import pending_batches
-from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SASL_USERNAME_VAR, Config, load_config
-from .sample import EVENT_TYPES
+from ..devtools.chaos import pending_batches
+from ..devtools.sample import EVENT_TYPES
+from ..pipeline.config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SASL_USERNAME_VAR, Config, load_config
 
 # Per-batch phases Spark reports in StreamingQueryProgress.durationMs.
 DURATION_KEYS = (
@@ -222,7 +222,7 @@ def _say(message: str) -> None:
 
 
 def _seconds(duration: str) -> float:
-    from .config import duration_seconds
+    from ..pipeline.config import duration_seconds
 
     return float(duration_seconds(duration, "bench trigger"))
 
@@ -301,7 +301,7 @@ def machine_info(spark) -> dict:
 
     import confluent_kafka
 
-    from .kafka_local import KAFKA_VERSION
+    from ..devtools.kafka_local import KAFKA_VERSION
 
     cpu_model = platform.processor() or platform.machine()
     try:
@@ -354,8 +354,8 @@ def machine_info(spark) -> dict:
 
 def _produce_backlog(config: Config, topic: str, count: int, seed: int, malformed_ratio: float = 0.01) -> float:
     """``count`` sample records in the project's transactions of 1000; returns records/s."""
-    from .kafka_io import client_config
-    from .sample import produce, sample_records
+    from ..devtools.sample import produce, sample_records
+    from ..pipeline.kafka_io import client_config
 
     started = time.perf_counter()
     producer = client_config(config, **{"queue.buffering.max.messages": 1_000_000})
@@ -364,8 +364,8 @@ def _produce_backlog(config: Config, topic: str, count: int, seed: int, malforme
 
 
 def _produce_one_transaction(config: Config, topic: str, count: int, seed: int) -> None:
-    from .kafka_io import client_config
-    from .sample import produce, sample_records
+    from ..devtools.sample import produce, sample_records
+    from ..pipeline.kafka_io import client_config
 
     producer = client_config(config, **{"queue.buffering.max.messages": max(count * 2, 100_000)})
     produce(producer, topic, sample_records(count, seed, prefix=f"bench{seed}"), transaction_size=count)
@@ -385,7 +385,7 @@ def _marker(index: int) -> tuple[bytes, bytes]:
 
 def _paced_records(rate: int, seconds: float, transaction_size: int, marker_every: int, stop: threading.Event):
     """Sample records at ``rate``/s; every ``marker_every``-th transaction ends with a marker."""
-    from .sample import sample_records
+    from ..devtools.sample import sample_records
 
     total = int(rate * seconds)
     background = sample_records(total, seed=99, prefix="bench-live")
@@ -425,8 +425,8 @@ class _Bench:
     # ---- setup
 
     def start(self) -> None:
-        from .kafka_local import LocalKafka
-        from .spark import build_spark
+        from ..devtools.kafka_local import LocalKafka
+        from ..pipeline.spark import build_spark
 
         kafka = self.base_config.kafka
         if kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
@@ -468,7 +468,7 @@ class _Bench:
     def _delete_topics(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        from .kafka_io import client_config
+        from ..pipeline.kafka_io import client_config
 
         try:
             admin = AdminClient(client_config(self.config(self.work, self.topics[0])))
@@ -488,7 +488,7 @@ class _Bench:
     def create_topic(self, name: str) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        from .kafka_io import client_config
+        from ..pipeline.kafka_io import client_config
 
         admin = AdminClient(client_config(self.config(self.work, name)))
         admin.create_topics([NewTopic(name, num_partitions=self.sizes.partitions)])[name].result(timeout=30)
@@ -502,7 +502,7 @@ class _Bench:
 
     def run_layers(self, config: Config, layers=("bronze", "silver", "gold")) -> dict[str, dict]:
         """The real streams, availableNow, layer after layer: wall time and batch progress of each."""
-        from .streams import start_stream
+        from ..pipeline.streams import start_stream
 
         runs = {}
         for layer in layers:
@@ -516,7 +516,7 @@ class _Bench:
         """Rows in bronze, silver and quarantine, and the events gold has counted."""
         from pyspark.sql import functions as F
 
-        from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+        from ..pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
         lakehouse = Lakehouse(config.lakehouse_root)
 
@@ -543,9 +543,15 @@ class _Bench:
         """The same transforms with plain appends: no key dedup, no transaction tags, no stream identity."""
         from delta.tables import DeltaTable
 
-        from .kafka_io import spark_source_options
-        from .tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, ensure_tables
-        from .transforms import bronze_records, parse_events, quarantined_records, valid_events, window_aggregates
+        from ..pipeline.kafka_io import spark_source_options
+        from ..pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, ensure_tables
+        from ..pipeline.transforms import (
+            bronze_records,
+            parse_events,
+            quarantined_records,
+            valid_events,
+            window_aggregates,
+        )
 
         lakehouse = Lakehouse(config.lakehouse_root)
         ensure_tables(self.spark, lakehouse)
@@ -607,8 +613,8 @@ class _Bench:
         return self._with_input_rows(config, runs)
 
     def run_noop(self, config: Config, checkpoint: Path) -> dict:
-        from .kafka_io import spark_source_options
-        from .transforms import bronze_records
+        from ..pipeline.kafka_io import spark_source_options
+        from ..pipeline.transforms import bronze_records
 
         kafka_rows = self.spark.readStream.format("kafka").options(**spark_source_options(config)).load()
         started = time.perf_counter()
@@ -627,7 +633,7 @@ class _Bench:
         """Read the topic once with one confluent-kafka consumer, read_committed."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-        from .kafka_io import client_config
+        from ..pipeline.kafka_io import client_config
 
         consumer = Consumer(
             client_config(
@@ -747,7 +753,7 @@ class _Bench:
         contiguous id range (one file) holds a contiguous offset range in every partition, like a batch."""
         from pyspark.sql import functions as F
 
-        from .tables import AMOUNT_TYPE, SILVER_SCHEMA
+        from ..pipeline.tables import AMOUNT_TYPE, SILVER_SCHEMA
 
         partitions = self.sizes.partitions
         base = datetime(2024, 1, 1, tzinfo=UTC).timestamp()
@@ -770,7 +776,7 @@ class _Bench:
         return frame.select(*[columns[field.name].alias(field.name) for field in SILVER_SCHEMA.fields])
 
     def _build_silver(self, root: Path, topic: str, rows: int, commits: int) -> str:
-        from .tables import SILVER, Lakehouse, ensure_tables
+        from ..pipeline.tables import SILVER, Lakehouse, ensure_tables
 
         lakehouse = Lakehouse(str(root))
         ensure_tables(self.spark, lakehouse)
@@ -786,7 +792,7 @@ class _Bench:
     def _time_merge(self, path: str, topic: str, first: int, rows: int, app_id: str, batch_id: int) -> dict:
         from delta.tables import DeltaTable
 
-        from .sinks import insert_new_kafka_records, kafka_key_ranges
+        from ..pipeline.sinks import insert_new_kafka_records, kafka_key_ranges
 
         batch = self._silver_rows(topic, first, first + rows, 1).persist()
         try:
@@ -876,7 +882,7 @@ class _Bench:
     # phase 5
 
     def fixed_overhead(self, topic: str) -> None:
-        from .streams import start_stream
+        from ..pipeline.streams import start_stream
 
         sizes = self.sizes
         steady = sizes.steady_batch or self.kafka.max_offsets_per_trigger
@@ -954,10 +960,10 @@ class _Bench:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        from .kafka_io import client_config
-        from .sample import produce
-        from .streams import start_stream
-        from .tables import GOLD, SILVER, Lakehouse
+        from ..devtools.sample import produce
+        from ..pipeline.kafka_io import client_config
+        from ..pipeline.streams import start_stream
+        from ..pipeline.tables import GOLD, SILVER, Lakehouse
 
         sizes = self.sizes
         trigger = sizes.latency_trigger or self.base_config.trigger_interval
@@ -1139,8 +1145,8 @@ class _Bench:
 
     def _drain_in_process(self, config: Config, kill_at: tuple[str, float] | None = None) -> dict:
         """Every layer availableNow in this driver; ``kill_at`` stops the running query part-way."""
-        from .streams import start_stream
-        from .tables import LAYERS
+        from ..pipeline.streams import start_stream
+        from ..pipeline.tables import LAYERS
 
         began = time.time()
         deadline = None
@@ -1289,9 +1295,9 @@ def _child_drain(spec: Path, start_only: bool = False) -> int:
     if config.kafka.sasl_mechanism:
         secrets = dict(sasl_username=os.environ.get(SASL_USERNAME_VAR), sasl_password=os.environ.get(SASL_PASSWORD_VAR))
         config = dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, **secrets))
-    from .spark import build_spark
-    from .streams import start_stream
-    from .tables import LAYERS
+    from ..pipeline.spark import build_spark
+    from ..pipeline.streams import start_stream
+    from ..pipeline.tables import LAYERS
 
     spark = build_spark(
         "bench-drain",
