@@ -6,6 +6,12 @@ import pytest
 TEMPLATE = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    # pytest-cookies bakes the template at --template, "." by default: the working
+    # directory. Point it at this template wherever pytest is started from.
+    config.option.template = str(TEMPLATE)
+
+
 def load_hook(name: str):
     """Import a hook script as a module: its logic is plain functions, its Jinja only in __main__."""
     spec = importlib.util.spec_from_file_location(name, TEMPLATE / "hooks" / f"{name}.py")

@@ -9,6 +9,13 @@ from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
 
+def pytest_collection_modifyitems(items):
+    # The broker marker follows from the fixtures a test uses, so it can never be forgotten.
+    for item in items:
+        if "kafka_broker" in item.fixturenames:
+            item.add_marker(pytest.mark.kafka)
+
+
 @pytest.fixture(scope="session")
 def spark():
     session = build_spark("tests", master="local[2]", shuffle_partitions=2, ui_enabled=False)

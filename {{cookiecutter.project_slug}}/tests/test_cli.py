@@ -86,6 +86,7 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+@pytest.mark.slow
 def test_continuous_run_processes_new_records_and_stops_cleanly_on_sigterm(spark, pipeline_env, tmp_path):
     """All three streams at once in their own process, as in production."""
     packaged = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()

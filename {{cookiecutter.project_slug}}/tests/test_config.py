@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.cli import resolve_local_bootstrap
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
@@ -46,7 +46,12 @@ def test_environment_overrides_the_file():
 
 def test_pipeline_env_selects_the_file():
     credentials = {"KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
-    assert load_config(environ={"PIPELINE_ENV": "prod", **credentials}).env == "prod"
+    config = load_config(environ={"PIPELINE_ENV": "prod", **credentials})
+
+    # Values only conf/prod.toml holds.
+    assert config.spark_master == "spark://spark-master.example.internal:7077"
+    assert config.kafka.max_offsets_per_trigger == 500000
+    assert config.lakehouse_root == "/data/lakehouse"
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from {{ cookiecutter.package_name }}.devtools import kafka_local
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 
+pytestmark = pytest.mark.kafka
+
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:

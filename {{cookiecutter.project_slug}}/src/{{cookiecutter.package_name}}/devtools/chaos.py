@@ -224,11 +224,12 @@ def run_chaos(
         daemon=True,
     )
     producer.start()
-    replayed = 0
+    replayed = killed = 0
     logs = Path(config.lakehouse_root).parent / "pipeline-logs"
     logs.mkdir(parents=True, exist_ok=True)
     for number, delay in enumerate(schedule, 1):
-        with (logs / f"run-{number:03d}.log").open("w") as log:
+        log_path = logs / f"run-{number:03d}.log"
+        with log_path.open("w") as log:
             pipeline = subprocess.Popen(
                 pipeline_command("run", "--layer", "all"),
                 env=env,
@@ -237,8 +238,12 @@ def run_chaos(
                 start_new_session=True,
             )
         time.sleep(delay)
+        if pipeline.poll() is not None:
+            # A pipeline that ended before its kill failed on its own: that is a finding, not a kill.
+            raise RuntimeError(f"the pipeline exited with {pipeline.returncode} before kill {number}; see {log_path}")
         os.killpg(pipeline.pid, signal.SIGKILL)  # the driver and its JVM, with no warning
-        pipeline.wait()
+        if pipeline.wait() == -signal.SIGKILL:
+            killed += 1
         replayed += pending_batches(Path(config.lakehouse_root) / "checkpoints")
     producer.join()
     drained = subprocess.run(
@@ -265,4 +270,4 @@ def run_chaos(
         rows(GOLD, "cast(window_start AS long)", "event_type", "event_count", "amount_sum"),
         duration_seconds(config.gold_window, "pipeline.gold_window"),
     )
-    return ChaosReport(kills, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
+    return ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
