@@ -10,10 +10,14 @@ import importlib.util
 import json
 import math
 
+import pyspark
 import pytest
 
 from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench
+from {{ cookiecutter.package_name }}.bench.recovery import ChildLog, kill_point
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
+
+pytestmark = pytest.mark.bench
 
 TINY = dataclasses.replace(
     QUICK_SIZES,
@@ -46,7 +50,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path):
     assert {"mode", "machine", "sizes", "metrics", "details"} <= written.keys()
     for key in ("cores", "memory_gb", "cpu_model", "spark", "delta", "java"):
         assert written["machine"][key], key
-    assert written["machine"]["spark"].startswith("4.0")
+    assert written["machine"]["spark"] == pyspark.__version__
 
     metrics = {metric["key"]: metric for metric in written["metrics"]}
     assert list(metrics) == list(METRIC_KEYS)
@@ -69,7 +73,10 @@ def test_quick_benchmark_writes_every_metric(tmp_path):
     }
 
     details = written["details"]
-    assert details["recovery"]["killed_run"]["killed"]
+    recovery = details["recovery"]
+    assert recovery["killed_run"]["killed"]
+    assert recovery["table_rows"]["killed_and_restarted"] == recovery["table_rows"]["undisturbed"]
+    assert set(details["exactly_once"]["at_least_once"]) == {"bronze", "silver", "gold"}
     assert details["latency"]["markers"] >= 2
     merges = details["silver_scaling"]["merges"]
     assert all(run["operation"] == "MERGE" for runs in merges.values() for run in runs)
@@ -80,3 +87,37 @@ def test_quick_benchmark_writes_every_metric(tmp_path):
         assert plot.stat().st_size > 0
     else:
         assert not plot.exists()
+
+
+def test_child_log_times_each_stream_from_lines_written_in_pieces(tmp_path):
+    path = tmp_path / "run.log"
+    path.write_bytes(b"[bronze] started (id 0a1b-2c)\n[bronze] batch 0: 100 rows, 1,000 rows/s\n[bronze] bat")
+    log = ChildLog(path)
+    log.poll()
+    with path.open("ab") as file:
+        file.write(b"ch 1: 0 rows, 0 rows/s\nINFO [bronze] batch 9: 5 rows\n[stream 0a1b-2c] stopped\n")
+        file.write(b"[silver] started (id 3d4e)\n")
+    log.poll()
+
+    assert list(log.events) == ["bronze started", "bronze ended", "silver started"]
+    assert log.events["bronze started"] <= log.events["bronze ended"] <= log.events["silver started"]
+    assert log.batches == {"bronze": 1}
+    assert not log.failed
+
+
+def test_kill_point_is_the_last_event_seen_at_that_fraction_of_the_drain():
+    undisturbed = {"drain_s": 10.0, "layer_spans": {"bronze": [0.0, 4.0], "silver": [4.5, 8.0], "gold": [8.0, 10.0]}}
+
+    assert kill_point(undisturbed, 0.25) == ("bronze started", 2.5)
+    assert kill_point(undisturbed, 0.6) == ("silver started", 1.5)
+    assert kill_point(undisturbed, 0.42) == pytest.approx(("bronze ended", 0.2))
+    assert kill_point(undisturbed, 0.8)[0] == "gold started"
+    with pytest.raises(ValueError):
+        kill_point(undisturbed, 1.0)
+
+
+def test_sizes_are_checked():
+    with pytest.raises(ValueError, match="kill_fraction"):
+        dataclasses.replace(QUICK_SIZES, kill_fraction=1.5)
+    with pytest.raises(ValueError, match="records"):
+        dataclasses.replace(QUICK_SIZES, records=0)

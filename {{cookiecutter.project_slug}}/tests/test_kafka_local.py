@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import uuid
 from collections.abc import Iterator
@@ -75,12 +76,28 @@ def consume_all(bootstrap: str, topic: str, isolation_level: str) -> list[str]:
     raise AssertionError(f"no end of partition reached; got {values}")
 
 
-def test_resolved_jars_carry_kafka_and_the_reload4j_binding() -> None:
+def test_resolved_jars_carry_kafka_and_the_log4j2_binding() -> None:
     names = {jar.name for jar in kafka_local.resolve_broker_jars()}
     assert f"kafka_2.13-{kafka_local.KAFKA_VERSION}.jar" in names
-    assert "slf4j-reload4j-1.7.36.jar" in names and "reload4j-1.2.25.jar" in names
-    # A second slf4j binding would make the broker's logging pick one at random.
-    assert not [name for name in names if name.startswith(("logback", "log4j-slf4j", "slf4j-log4j12"))]
+    log4j2 = kafka_local.LOG4J2_VERSION
+    assert {f"log4j-slf4j-impl-{log4j2}.jar", f"log4j-core-{log4j2}.jar", f"log4j-api-{log4j2}.jar"} <= names
+    # Kafka 4 stays on the slf4j 1.7 API, which the log4j-slf4j-impl binding serves.
+    assert [name for name in names if name.startswith("slf4j-api-")] == ["slf4j-api-1.7.36.jar"]
+    # A second slf4j binding would make the broker's logging pick one at random, and a leftover
+    # log4j 1.x (reload4j) would be a second, unconfigured logging backend.
+    assert not [
+        name
+        for name in names
+        if name.startswith(("logback", "log4j-slf4j2-impl", "slf4j-reload4j", "slf4j-log4j12", "reload4j", "log4j-1."))
+    ]
+
+
+def test_broker_logs_through_the_log4j2_config(kafka: LocalKafka) -> None:
+    log = kafka.log_path.read_text(errors="replace")
+    # Log4j 2's built-in default prints ERROR only: INFO lines in our layout prove the file was read.
+    assert re.search(r"^\[[-\d :,]+\] INFO \[BrokerServer id=1\] .* \(kafka\.server\.BrokerServer\)$", log, re.M)
+    # slf4j complains on stderr (which goes to this log) about a missing or a second binding.
+    assert "SLF4J:" not in log
 
 
 def test_transactions_read_committed_skips_aborted(kafka: LocalKafka) -> None:

@@ -6,11 +6,21 @@ from decimal import Decimal
 
 import pytest
 from chispa import assert_df_equality
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE_SCHEMA, GOLD_SCHEMA, QUARANTINE_SCHEMA, SILVER_SCHEMA
+from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.transforms import (
+    bronze_records,
     first_per_kafka_record,
     parse_events,
     quarantined_records,
@@ -20,6 +30,49 @@ from {{ cookiecutter.package_name }}.pipeline.transforms import (
 
 INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
 KAFKA_TIME = datetime(2024, 1, 1, 11, 59, tzinfo=UTC)
+
+
+# The schemas the transforms really produce. The Kafka coordinates and ingest_time
+# come NOT NULL from bronze; parsed fields, reason and the window bounds and sums are
+# nullable as far as Spark knows (a valid event never lacks a required field, but no
+# expression says so): the tables' NOT NULL constraints apply when rows are written.
+VALID_EVENTS_SCHEMA = StructType(
+    [
+        StructField("event_id", StringType(), True),
+        StructField("event_time", TimestampType(), True),
+        StructField("user_id", StringType(), True),
+        StructField("event_type", StringType(), True),
+        StructField("amount", DecimalType(18, 2), True),
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("kafka_timestamp", TimestampType(), True),
+        StructField("ingest_time", TimestampType(), False),
+    ]
+)
+QUARANTINED_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("kafka_timestamp", TimestampType(), True),
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("headers", HEADERS_TYPE, True),
+        StructField("reason", StringType(), True),
+        StructField("ingest_time", TimestampType(), False),
+    ]
+)
+# From silver rows (event_type NOT NULL in the table): count() is never null, sum() may be.
+WINDOW_AGGREGATES_SCHEMA = StructType(
+    [
+        StructField("window_start", TimestampType(), True),
+        StructField("window_end", TimestampType(), True),
+        StructField("event_type", StringType(), False),
+        StructField("event_count", LongType(), False),
+        StructField("amount_sum", DecimalType(28, 2), True),
+    ]
+)
 
 
 def utc(*parts: int) -> datetime:
@@ -65,9 +118,9 @@ def test_valid_event_becomes_one_typed_silver_row(spark):
                 INGESTED,
             )
         ],
-        SILVER_SCHEMA,
+        VALID_EVENTS_SCHEMA,
     )
-    assert_df_equality(valid_events(parsed), expected, ignore_nullable=True)
+    assert_df_equality(valid_events(parsed), expected)
     assert quarantined_records(parsed).count() == 0
 
 
@@ -87,6 +140,11 @@ MALFORMED = [
     (event(amount="1.50"), "field amount must be a number, got STRING"),
     (event(amount=1.005), "field amount does not fit DECIMAL(18,2) exactly"),
     (event(amount=10**17), "field amount does not fit DECIMAL(18,2) exactly"),
+    (b"42", "value is not a JSON object"),
+    # More than one fault: the first check in order of precedence names the record.
+    (event(user_id=..., amount=...), "missing required field user_id"),
+    (event(event_type="", user_id=5), "field user_id must be a string, got BIGINT"),
+    (event(event_time="yesterday", amount="1.50"), "field event_time is not an ISO-8601 timestamp with offset"),
 ]
 
 
@@ -96,9 +154,9 @@ def test_every_malformed_record_is_quarantined_with_its_reason(spark):
     reasons = quarantined_records(parsed).select("offset", "reason").orderBy("offset")
     expected = spark.createDataFrame(
         [(offset, reason) for offset, (_, reason) in enumerate(MALFORMED)],
-        StructType([StructField("offset", LongType()), StructField("reason", StringType())]),
+        StructType([StructField("offset", LongType(), False), StructField("reason", StringType(), True)]),
     )
-    assert_df_equality(reasons, expected, ignore_nullable=True)
+    assert_df_equality(reasons, expected)
     assert valid_events(parsed).count() == 0
 
 
@@ -119,9 +177,9 @@ def test_quarantine_row_keeps_raw_bytes_headers_and_kafka_coordinates(spark):
                 INGESTED,
             )
         ],
-        QUARANTINE_SCHEMA,
+        QUARANTINED_SCHEMA,
     )
-    assert_df_equality(quarantined_records(parsed), expected, ignore_nullable=True)
+    assert_df_equality(quarantined_records(parsed), expected)
 
 
 @pytest.mark.parametrize(
@@ -148,9 +206,16 @@ def test_first_per_kafka_record_keeps_the_earliest_ingested_copy(spark):
 
     kept = first_per_kafka_record(rows).select("partition", "offset", "ingest_time").orderBy("partition", "offset")
     expected = spark.createDataFrame(
-        [(0, 1, INGESTED), (0, 2, INGESTED), (1, 1, INGESTED)], "partition int, offset long, ingest_time timestamp"
+        [(0, 1, INGESTED), (0, 2, INGESTED), (1, 1, INGESTED)],
+        StructType(
+            [
+                StructField("partition", IntegerType(), False),
+                StructField("offset", LongType(), False),
+                StructField("ingest_time", TimestampType(), False),
+            ]
+        ),
     )
-    assert_df_equality(kept, expected, ignore_nullable=True)
+    assert_df_equality(kept, expected)
 
 
 def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spark):
@@ -172,21 +237,85 @@ def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spar
             (utc(2024, 1, 1, 10, 0), utc(2024, 1, 1, 10, 1), "refund", 1, Decimal("5.55")),
             (utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 2), "purchase", 1, Decimal("1.00")),
         ],
-        GOLD_SCHEMA,
+        WINDOW_AGGREGATES_SCHEMA,
     )
-    assert_df_equality(result, expected, ignore_nullable=True)
+    assert_df_equality(result, expected)
+
+
+def kafka_rows(spark, rows: list[tuple]):
+    """Rows as the Kafka source gives them: bronze's columns but ingest_time, timestampType camel-cased."""
+    return bronze(spark, rows).drop("ingest_time").withColumnRenamed("timestamp_type", "timestampType")
 
 
 def test_bronze_records_keep_every_kafka_column(spark):
-    from {{ cookiecutter.package_name }}.pipeline.transforms import bronze_records
+    result = bronze_records(kafka_rows(spark, [bronze_row(5, b"v")]))
 
-    kafka_rows = (
-        bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time").withColumnRenamed("timestamp_type", "timestampType")
+    assert result.schema == BRONZE_SCHEMA
+    assert_df_equality(result.drop("ingest_time"), bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time"))
+
+
+def test_every_row_of_one_batch_gets_the_one_time_the_batch_ran(spark):
+    rows = kafka_rows(spark, [bronze_row(offset, b"v", partition=offset % 2) for offset in range(8)]).repartition(4)
+
+    before = datetime.now()
+    ingested = {row.ingest_time for row in bronze_records(rows).collect()}
+    after = datetime.now()
+
+    assert len(ingested) == 1
+    assert before <= ingested.pop() <= after
+
+
+# The default contract and two optional fields of kinds it does not use.
+WITH_QUANTITY_AND_GIFT = Contract(
+    fields=(
+        *EVENTS.fields,
+        Field("quantity", Kind.INTEGER, required=False),
+        Field("gift", Kind.BOOLEAN, required=False),
+        Field("sequence", Kind.LONG, required=False),
+    ),
+    event_time="event_time",
+    dimensions=("event_type",),
+    measures=("amount",),
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (event(quantity="three"), "field quantity must be an integer, got STRING"),
+        (event(quantity=1.5), "field quantity must be an integer, got DECIMAL(2,1)"),
+        (event(quantity=2**31), "field quantity does not fit INT exactly"),
+        (event(gift="yes"), "field gift must be a boolean, got STRING"),
+        (event(gift=1), "field gift must be a boolean, got BIGINT"),
+        (event(sequence=10**20), "field sequence does not fit BIGINT exactly"),
+        (event(sequence=1e300), "field sequence must be an integer, got DOUBLE"),
+    ],
+)
+def test_a_declared_field_quarantines_a_value_its_kind_refuses_with_its_reason(spark, value, reason):
+    parsed = parse_events(bronze(spark, [bronze_row(0, value)]), WITH_QUANTITY_AND_GIFT)
+
+    assert [row.reason for row in quarantined_records(parsed).collect()] == [reason]
+    assert valid_events(parsed, WITH_QUANTITY_AND_GIFT).count() == 0
+
+
+def test_optional_fields_are_typed_when_present_and_null_when_absent_or_json_null(spark):
+    values = [
+        event(quantity=3, gift=True, sequence=2**40),
+        event(quantity=3.0, gift=False, sequence=-1),
+        event(),
+        event(quantity=None, gift=None, sequence=None),
+    ]
+    parsed = parse_events(
+        bronze(spark, [bronze_row(offset, value) for offset, value in enumerate(values)]), WITH_QUANTITY_AND_GIFT
     )
 
-    result = bronze_records(kafka_rows)
-    assert result.schema.fieldNames() == BRONZE_SCHEMA.fieldNames()
-    assert result.where(F.col("ingest_time").isNull()).count() == 0
-    assert_df_equality(
-        result.drop("ingest_time"), bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time"), ignore_nullable=True
+    result = valid_events(parsed, WITH_QUANTITY_AND_GIFT).select("offset", "quantity", "gift", "sequence")
+    expected = spark.createDataFrame(
+        [(0, 3, True, 2**40), (1, 3, False, -1), (2, None, None, None), (3, None, None, None)],
+        "offset long not null, quantity int, gift boolean, sequence bigint",
     )
+    assert_df_equality(result, expected, ignore_row_order=True)
+    assert valid_events(parsed, WITH_QUANTITY_AND_GIFT).columns == [
+        *("event_id", "event_time", "user_id", "event_type", "amount", "quantity", "gift", "sequence"),
+        *("topic", "partition", "offset", "kafka_timestamp", "ingest_time"),
+    ]

@@ -274,11 +274,12 @@ def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_show(config: Config, args: argparse.Namespace) -> int:
-    from .pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from .pipeline.contract import EVENTS
+    from .pipeline.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
 
     name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
     table = _spark(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
-    ordering = ["window_start", "event_type"] if args.table == "gold" else ["topic", "partition", "offset"]
+    ordering = list(EVENTS.gold_key) if args.table == "gold" else KAFKA_KEY_COLUMNS
     print(f"{name}: {table.count()} rows")
     table.orderBy(*ordering).show(args.limit, truncate=False)
     return 0

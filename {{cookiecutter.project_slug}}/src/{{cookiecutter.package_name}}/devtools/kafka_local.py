@@ -25,20 +25,24 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-KAFKA_VERSION = "3.9.1"
+KAFKA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
-# Kafka 3.9's own distribution logs through slf4j 1.7 -> reload4j (the log4j 1.x API), and the
-# broker's Log4jController needs those log4j 1.x classes, so ship exactly that binding.
-SLF4J_VERSION = "1.7.36"
-RELOAD4J_VERSION = "1.2.25"
+# Kafka 4 logs through slf4j 1.7 -> Log4j 2: the kafka-server pom brings log4j-api and log4j-core
+# (its LoggingController drives Log4j 2 directly), but not the slf4j binding its own distribution
+# ships, so add exactly that one, at the Log4j 2 version Kafka declares.
+LOG4J2_VERSION = "2.25.5"
 
 _JVM_OPTS = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
-_LOG4J_PROPERTIES = """\
-log4j.rootLogger=INFO, stdout
-log4j.appender.stdout=org.apache.log4j.ConsoleAppender
-log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
-log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka.request.logger=WARN
+_LOG4J2_PROPERTIES = """\
+status = warn
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
 """
 _IVY_XML = """\
 <ivy-module version="2.0">
@@ -46,8 +50,7 @@ _IVY_XML = """\
   <configurations><conf name="default"/></configurations>
   <dependencies>
     <dependency org="org.apache.kafka" name="kafka_{scala}" rev="{kafka}" conf="default->default"/>
-    <dependency org="org.slf4j" name="slf4j-reload4j" rev="{slf4j}" conf="default->default"/>
-    <dependency org="ch.qos.reload4j" name="reload4j" rev="{reload4j}" conf="default->default"/>
+    <dependency org="org.apache.logging.log4j" name="log4j-slf4j-impl" rev="{log4j2}" conf="default->default"/>
   </dependencies>
 </ivy-module>
 """
@@ -93,9 +96,7 @@ def resolve_broker_jars(cache_dir: Path | None = None) -> list[Path]:
 
     dist.mkdir(parents=True, exist_ok=True)
     ivy_xml = dist / "ivy.xml"
-    ivy_xml.write_text(
-        _IVY_XML.format(scala=SCALA_BINARY_VERSION, kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, reload4j=RELOAD4J_VERSION)
-    )
+    ivy_xml.write_text(_IVY_XML.format(scala=SCALA_BINARY_VERSION, kafka=KAFKA_VERSION, log4j2=LOG4J2_VERSION))
     cmd = [
         _java(),
         "-jar",
@@ -164,7 +165,7 @@ class LocalKafka:
     def __init__(self, home: Path):
         self.home = Path(home).resolve()
         self.config_path = self.home / "server.properties"
-        self.log4j_path = self.home / "log4j.properties"
+        self.log4j_path = self.home / "log4j2.properties"
         self.data_dir = self.home / "data"
         self.log_path = self.home / "logs" / "broker.log"
         self.state_path = self.home / "broker.json"
@@ -194,9 +195,9 @@ class LocalKafka:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config(port, controller_port)
-        self.log4j_path.write_text(_LOG4J_PROPERTIES)
+        self.log4j_path.write_text(_LOG4J2_PROPERTIES)
         classpath = os.pathsep.join(str(jar) for jar in jars)
-        jvm = [_java(), *_JVM_OPTS, f"-Dlog4j.configuration={self.log4j_path.as_uri()}", "-cp", classpath]
+        jvm = [_java(), *_JVM_OPTS, f"-Dlog4j2.configurationFile={self.log4j_path.as_uri()}", "-cp", classpath]
         if not (self.data_dir / "meta.properties").exists():
             self._format_storage(jvm)
 
@@ -268,6 +269,8 @@ class LocalKafka:
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
     def _format_storage(self, jvm: list[str]) -> None:
+        # A static controller.quorum.voters: Kafka 4 formats it as is, and refuses --standalone
+        # or --initial-controllers, which are for a dynamic quorum (controller.quorum.bootstrap.servers).
         cmd = [*jvm, "kafka.tools.StorageTool", "format", "-t", _random_cluster_id(), "-c", str(self.config_path)]
         result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
         with open(self.log_path, "a") as log:

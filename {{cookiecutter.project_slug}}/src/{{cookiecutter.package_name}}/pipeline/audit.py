@@ -9,16 +9,19 @@ read_committed, never against offset arithmetic. Run it on a drained pipeline
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .config import Config
+from .contract import EVENTS, Contract
 from .kafka_io import bootstrap_servers, spark_security_options
-from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
+from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from .transforms import window_aggregates
 
-GOLD_KEY = ["window_start", "window_end", "event_type"]
+# The gold key of the default contract.
+GOLD_KEY = list(EVENTS.gold_key)
 
 
 @dataclass
@@ -55,11 +58,16 @@ def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
     )
 
 
-def run_audit(spark: SparkSession, config: Config) -> AuditReport:
+def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> AuditReport:
+    """Reconcile the lakehouse of ``config`` with Kafka; gold is recomputed from silver by ``contract``."""
     lakehouse = Lakehouse(config.lakehouse_root)
+    schemas = table_schemas(contract)
 
     def table(name: str) -> DataFrame:
-        return spark.read.format("delta").load(lakehouse.table(name))
+        rows = spark.read.format("delta").load(lakehouse.table(name))
+        # Tables of another contract would fail obscurely, or compare the wrong columns.
+        check_schema(name, lakehouse.table(name), schemas[name], rows.schema)
+        return rows
 
     return reconcile(
         committed_kafka_records(spark, config),
@@ -68,7 +76,21 @@ def run_audit(spark: SparkSession, config: Config) -> AuditReport:
         table(QUARANTINE),
         table(GOLD),
         config.gold_window,
+        contract,
     )
+
+
+def _gold_differences(expected: DataFrame, gold: DataFrame, contract: Contract) -> DataFrame:
+    """Gold rows missing, unexpected or with other counts or sums than the recomputation."""
+    # Null-safe throughout: an optional dimension's null is a value of its own.
+    same_key = reduce(
+        lambda left, right: left & right, [F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in contract.gold_key]
+    )
+    differs = reduce(
+        lambda left, right: left | right,
+        [~F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in contract.gold_values],
+    )
+    return expected.alias("e").join(gold.alias("g"), same_key, "full_outer").where(differs)
 
 
 def _missing(left: DataFrame, right: DataFrame, keys: list[str]) -> int:
@@ -86,6 +108,7 @@ def reconcile(
     quarantine: DataFrame,
     gold: DataFrame,
     window_duration: str,
+    contract: Contract = EVENTS,
 ) -> AuditReport:
     """Every check of the audit, on DataFrames: usable on planted data in tests."""
     kafka_keys = kafka.select(*KAFKA_KEY_COLUMNS).persist()
@@ -98,15 +121,7 @@ def reconcile(
         bronze_in_kafka_range = bronze_keys.join(kafka_floor, ["topic", "partition"]).where("offset >= floor")
         bronze_distinct = bronze_keys.distinct()
         parsed_keys = silver_keys.unionByName(quarantine_keys)
-        expected_gold = window_aggregates(silver, window_duration)
-        gold_diff = (
-            expected_gold.alias("e")
-            .join(gold.alias("g"), GOLD_KEY, "full_outer")
-            .where(
-                ~F.col("e.event_count").eqNullSafe(F.col("g.event_count"))
-                | ~F.col("e.amount_sum").eqNullSafe(F.col("g.amount_sum"))
-            )
-        )
+        gold_diff = _gold_differences(window_aggregates(silver, window_duration, contract), gold, contract)
         report = AuditReport()
         report.counts = {
             "kafka_committed_records": kafka_keys.count(),

@@ -19,6 +19,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from .contract import EVENTS, Contract
+
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
@@ -93,9 +95,7 @@ def _target_range_predicate(ranges: list[Row]) -> Column:
     )
 
 
-def insert_new_kafka_records(
-    rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int
-) -> None:
+def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int) -> None:
     """Insert the rows whose (topic, partition, offset) the table does not hold yet."""
     if not ranges:
         return
@@ -116,27 +116,36 @@ def insert_new_kafka_records(
         )
 
 
-def add_to_windows(aggregates: DataFrame, path: str, app_id: str | None, batch_id: int) -> None:
+def _same_gold_row(contract: Contract) -> Column:
+    # An optional dimension can be null, and null = null is not true: <=> matches it.
+    nullable = {name for name in contract.dimensions if not contract.field(name).required}
+    return reduce(
+        lambda left, right: left & right,
+        [
+            F.col(f"t.{name}").eqNullSafe(F.col(f"s.{name}"))
+            if name in nullable
+            else F.col(f"t.{name}") == F.col(f"s.{name}")
+            for name in contract.gold_key
+        ],
+    )
+
+
+def add_to_windows(
+    aggregates: DataFrame, path: str, app_id: str | None, batch_id: int, contract: Contract = EVENTS
+) -> None:
     """Add a batch's per-window counts and sums to the gold table.
 
-    Addition is not idempotent by itself; the transaction tag is what makes a
-    replayed batch count nothing twice.
+    Rows match on the contract's gold key (window and dimensions); event_count
+    and every measure sum are added. Addition is not idempotent by itself; the
+    transaction tag is what makes a replayed batch count nothing twice.
     """
     session = aggregates.sparkSession
     with delta_transaction(session, app_id, batch_id):
         (
             DeltaTable.forPath(session, path)
             .alias("t")
-            .merge(
-                aggregates.alias("s"),
-                "t.window_start = s.window_start AND t.window_end = s.window_end AND t.event_type = s.event_type",
-            )
-            .whenMatchedUpdate(
-                set={
-                    "event_count": "t.event_count + s.event_count",
-                    "amount_sum": "t.amount_sum + s.amount_sum",
-                }
-            )
+            .merge(aggregates.alias("s"), _same_gold_row(contract))
+            .whenMatchedUpdate(set={name: F.col(f"t.{name}") + F.col(f"s.{name}") for name in contract.gold_values})
             .whenNotMatchedInsertAll()
             .execute()
         )

@@ -19,10 +19,11 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from . import checkpoints
 from .config import Config
+from .contract import EVENTS, Contract
 from .crash_points import crash_points
 from .kafka_io import spark_source_options, topic_partitions
 from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
@@ -52,8 +53,9 @@ def start_stream(
     layer: str,
     available_now: bool,
     delivery: Delivery = Delivery.EXACTLY_ONCE,
+    contract: Contract = EVENTS,
 ) -> StreamingQuery:
-    """Start one stream of the pipeline.
+    """Start one stream of the pipeline; silver parses and gold aggregates by ``contract``.
 
     Example::
 
@@ -62,16 +64,16 @@ def start_stream(
     if layer not in STREAMS:
         raise ValueError(f"layer must be one of {', '.join(STREAMS)}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse)
+    ensure_tables(spark, lakehouse, contract)
     prepared = checkpoints.prepare(spark, lakehouse, STREAMS[layer])
     if delivery is Delivery.AT_LEAST_ONCE:
         prepared = dataclasses.replace(prepared, stream_id=None)
-    starters: dict[str, Callable[..., StreamingQuery]] = {
-        "bronze": _start_bronze,
-        "silver": _start_silver,
-        "gold": _start_gold,
+    starters: dict[str, Callable[[], DataStreamWriter]] = {
+        "bronze": lambda: _start_bronze(spark, config, lakehouse, prepared),
+        "silver": lambda: _start_silver(spark, lakehouse, prepared, contract),
+        "gold": lambda: _start_gold(spark, config, lakehouse, prepared, contract),
     }
-    writer = starters[layer](spark, config, lakehouse, prepared)
+    writer = starters[layer]()
     return (
         writer.option("checkpointLocation", lakehouse.checkpoint(layer))
         .queryName(layer)
@@ -80,10 +82,12 @@ def start_stream(
     )
 
 
-def run_available_now(spark: SparkSession, config: Config, layers: tuple[str, ...] = LAYERS) -> None:
+def run_available_now(
+    spark: SparkSession, config: Config, layers: tuple[str, ...] = LAYERS, contract: Contract = EVENTS
+) -> None:
     """Process everything available, one layer after the other, so each sees what the one before wrote."""
     for layer in layers:
-        start_stream(spark, config, layer, available_now=True).awaitTermination()
+        start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
 
 
 def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared):
@@ -120,11 +124,11 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse) ->
     return json.dumps(offsets)
 
 
-def _start_silver(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared):
+def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract):
     silver_path, quarantine_path = lakehouse.table(SILVER), lakehouse.table(QUARANTINE)
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
-        parsed = parse_events(first_per_kafka_record(bronze_batch)).persist()
+        parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
         try:
             with crash_points(bronze_batch.sparkSession, "silver", batch_id):
                 ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
@@ -134,7 +138,9 @@ def _start_silver(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
                 # with nothing to insert is left alone (a replay finds nothing either):
                 # a MERGE costs about a second even when its source is empty.
                 if rejected < sum(r.records for r in ranges):
-                    insert_new_kafka_records(valid_events(parsed), silver_path, ranges, prepared.stream_id, batch_id)
+                    insert_new_kafka_records(
+                        valid_events(parsed, contract), silver_path, ranges, prepared.stream_id, batch_id
+                    )
                 if rejected:
                     insert_new_kafka_records(
                         quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
@@ -146,18 +152,20 @@ def _start_silver(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
     return bronze.writeStream.foreachBatch(write_batch)
 
 
-def _start_gold(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared):
+def _start_gold(
+    spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract
+):
     gold_path = lakehouse.table(GOLD)
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
         # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
         # was a second scan per batch, and made numInputRows count the rows it read too.)
-        aggregates = window_aggregates(silver_batch, config.gold_window).persist()
+        aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
         try:
             if aggregates.isEmpty():
                 return
             with crash_points(silver_batch.sparkSession, "gold", batch_id):
-                add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id)
+                add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
         finally:
             aggregates.unpersist()
 

@@ -5,10 +5,12 @@ Layout under the lakehouse root (LAKEHOUSE_ROOT):
     tables/bronze_events         raw Kafka records, append-only
     tables/silver_events         parsed, typed, one row per Kafka record
     tables/quarantine_events     records that failed parsing, with the reason
-    tables/gold_event_windows    per event_type and event-time window
+    tables/gold_event_windows    per event-time window and dimension values
     checkpoints/<stream>         one Spark checkpoint per stream, never shared
 
-and which stream reads what and writes where.
+and which stream reads what and writes where. The silver and gold schemas come
+from the event contract (contract.py); bronze and quarantine hold raw records
+and do not depend on it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
-    DecimalType,
     IntegerType,
     LongType,
     StringType,
@@ -30,14 +31,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
+
 BRONZE = "bronze_events"
 SILVER = "silver_events"
 QUARANTINE = "quarantine_events"
 GOLD = "gold_event_windows"
-
-AMOUNT_TYPE = DecimalType(18, 2)
-# Spark widens sum(DECIMAL(18,2)) to DECIMAL(28,2): exact for any realistic total.
-AMOUNT_SUM_TYPE = DecimalType(28, 2)
 
 KAFKA_KEY_COLUMNS = ["topic", "partition", "offset"]
 
@@ -59,21 +58,6 @@ BRONZE_SCHEMA = StructType(
     ]
 )
 
-SILVER_SCHEMA = StructType(
-    [
-        StructField("event_id", StringType(), False),
-        StructField("event_time", TimestampType(), False),
-        StructField("user_id", StringType(), False),
-        StructField("event_type", StringType(), False),
-        StructField("amount", AMOUNT_TYPE, False),
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("offset", LongType(), False),
-        StructField("kafka_timestamp", TimestampType(), True),
-        StructField("ingest_time", TimestampType(), False),
-    ]
-)
-
 QUARANTINE_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
@@ -88,17 +72,55 @@ QUARANTINE_SCHEMA = StructType(
     ]
 )
 
-GOLD_SCHEMA = StructType(
-    [
-        StructField("window_start", TimestampType(), False),
-        StructField("window_end", TimestampType(), False),
-        StructField("event_type", StringType(), False),
-        StructField("event_count", LongType(), False),
-        StructField("amount_sum", AMOUNT_SUM_TYPE, False),
-    ]
-)
+# What silver keeps of each record after the contract's fields.
+SILVER_KAFKA_FIELDS = [
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("kafka_timestamp", TimestampType(), True),
+    StructField("ingest_time", TimestampType(), False),
+]
 
-SCHEMAS = {BRONZE: BRONZE_SCHEMA, SILVER: SILVER_SCHEMA, QUARANTINE: QUARANTINE_SCHEMA, GOLD: GOLD_SCHEMA}
+
+def silver_schema(contract: Contract = EVENTS) -> StructType:
+    """One column per contract field, in declaration order (NOT NULL when required), then the Kafka columns."""
+    fields = [StructField(field.name, field.spark_type, not field.required) for field in contract.fields]
+    return StructType([*fields, *SILVER_KAFKA_FIELDS])
+
+
+def gold_schema(contract: Contract = EVENTS) -> StructType:
+    """Window, dimensions, event_count and one sum per measure."""
+    dimensions = [contract.field(name) for name in contract.dimensions]
+    measures = [contract.field(name) for name in contract.measures]
+    return StructType(
+        [
+            StructField(WINDOW_START, TimestampType(), False),
+            StructField(WINDOW_END, TimestampType(), False),
+            *(StructField(field.name, field.spark_type, not field.required) for field in dimensions),
+            StructField(EVENT_COUNT, LongType(), False),
+            *(StructField(contract.measure_column(field.name), field.sum_type, False) for field in measures),
+        ]
+    )
+
+
+def table_schemas(contract: Contract = EVENTS) -> dict[str, StructType]:
+    """Every table's schema under ``contract``."""
+    return {
+        BRONZE: BRONZE_SCHEMA,
+        SILVER: silver_schema(contract),
+        QUARANTINE: QUARANTINE_SCHEMA,
+        GOLD: gold_schema(contract),
+    }
+
+
+# The schemas of the default contract.
+SILVER_SCHEMA = silver_schema(EVENTS)
+GOLD_SCHEMA = gold_schema(EVENTS)
+SCHEMAS = table_schemas(EVENTS)
+AMOUNT_TYPE = EVENTS.field("amount").spark_type
+# Spark widens sum(DECIMAL(18,2)) to DECIMAL(28,2): exact for any realistic total.
+AMOUNT_SUM_TYPE = EVENTS.field("amount").sum_type
+
 # Delta itself rejects updates and deletes on these: raw and parsed history is never rewritten.
 APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
 
@@ -137,19 +159,83 @@ class Lakehouse:
         return f"{self.root}/checkpoints/{stream}"
 
 
-def ensure_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    """Create every table with its explicit schema, so streams never infer one."""
-    for name, schema in SCHEMAS.items():
-        builder = DeltaTable.createIfNotExists(spark).location(lakehouse.table(name)).addColumns(schema)
+class TableSchemaError(RuntimeError):
+    """A table exists with another schema than the event contract gives it."""
+
+
+def ensure_tables(spark: SparkSession, lakehouse: Lakehouse, contract: Contract = EVENTS) -> None:
+    """Create every table with its explicit schema, so streams never infer one.
+
+    A table that exists already is left as it is, so it must have the schema the
+    contract gives it: Delta's createIfNotExists does not compare, and a MERGE
+    silently drops source columns the table lacks. A table created for another
+    contract raises TableSchemaError, naming the differences.
+    """
+    for name, schema in table_schemas(contract).items():
+        path = lakehouse.table(name)
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if name in APPEND_ONLY:
             builder = builder.property("delta.appendOnly", "true")
         try:
-            builder.execute()
+            found = builder.execute().toDF().schema
         except Exception:
             # Streams of one pipeline may start in separate processes at once: if
             # another one created the table first, there is nothing left to do.
-            if not table_exists(spark, lakehouse.table(name)):
+            if not table_exists(spark, path):
                 raise
+            found = spark.read.format("delta").load(path).schema
+        check_schema(name, path, schema, found)
+
+
+def _columns(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(field.name, field.dataType.simpleString(), field.nullable) for field in schema.fields]
+
+
+def schema_differences(expected: StructType, found: StructType) -> list[str]:
+    """What ``found`` has that ``expected`` has not, column by column; [] when they are the same."""
+    want, have = _columns(expected), _columns(found)
+    if want == have:
+        return []
+    by_name = {name: (data_type, nullable) for name, data_type, nullable in have}
+    wanted = {name for name, _, _ in want}
+
+    def described(data_type: str, nullable: bool) -> str:
+        return data_type.upper() + ("" if nullable else " NOT NULL")
+
+    differences = []
+    for name, data_type, nullable in want:
+        if name not in by_name:
+            differences.append(f"missing column {name} {described(data_type, nullable)}")
+        elif by_name[name] != (data_type, nullable):
+            differences.append(
+                f"column {name} is {described(*by_name[name])}, the contract says {described(data_type, nullable)}"
+            )
+    differences += [f"unexpected column {name}" for name, _, _ in have if name not in wanted]
+    return differences or [
+        f"columns in another order: {', '.join(n for n, _, _ in have)}; "
+        f"the contract says {', '.join(n for n, _, _ in want)}"
+    ]
+
+
+def check_schema(name: str, path: str, expected: StructType, found: StructType) -> None:
+    """Raise TableSchemaError, naming every difference, unless ``found`` is ``expected``."""
+    differences = schema_differences(expected, found)
+    if not differences:
+        return
+    if name == BRONZE:
+        # Not made from the contract: a bronze table of another layout is another pipeline's.
+        raise TableSchemaError(f"{name} at {path} has another layout than this pipeline's: {'; '.join(differences)}")
+    if name == GOLD:
+        rebuild = "delete the gold table and the gold checkpoint, and run again: gold is rebuilt from silver"
+    else:
+        rebuild = (
+            "delete the silver, quarantine and gold tables and the silver and gold checkpoints, and run "
+            "again: they are rebuilt from bronze"
+        )
+    raise TableSchemaError(
+        f"{name} at {path} was made for another event contract: {'; '.join(differences)}. "
+        f"To apply the contract, stop the pipeline, {rebuild}."
+    )
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:

@@ -1,0 +1,255 @@
+"""What a run reports: metrics and their targets, the machine, the printed table, bench.json and bench.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..pipeline.config import duration_seconds
+
+RESULTS_FILE = "bench.json"
+PLOT_FILE = "bench.png"
+
+# Every metric key bench.json holds, in table order.
+METRIC_KEYS = (
+    "kafka_consumer_rps",
+    "spark_source_rps",
+    "bronze_rps",
+    "bronze_vs_source",
+    "silver_rps",
+    "gold_rps",
+    "silver_merge_small_s",
+    "silver_merge_big_s",
+    "silver_merge_scaling",
+    "bronze_one_record_batch_ms",
+    "bronze_steady_batch_ms",
+    "bronze_fixed_overhead",
+    "silver_one_record_batch_ms",
+    "silver_steady_batch_ms",
+    "silver_fixed_overhead",
+    "gold_one_record_batch_ms",
+    "gold_steady_batch_ms",
+    "gold_fixed_overhead",
+    "latency_silver_p50_s",
+    "latency_gold_p50_s",
+    "latency_gold_p95_s",
+    "latency_gold_p50_triggers",
+    "latency_gold_p95_triggers",
+    "exactly_once_s",
+    "at_least_once_s",
+    "exactly_once_cost",
+    "exactly_once_cost_wall",
+    "jvm_start_s",
+    "drain_undisturbed_s",
+    "drain_killed_s",
+    "recovery_cost",
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    op: str  # ">=" or "<="
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.op not in (">=", "<="):
+            raise ValueError(f"Target.op must be '>=' or '<=', not {self.op!r}")
+
+    def met(self, value: float) -> bool:
+        return value >= self.value if self.op == ">=" else value <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.value:g}"
+
+
+@dataclass
+class Metric:
+    key: str
+    name: str
+    value: float
+    unit: str
+    target: Target | None = None
+
+    def __post_init__(self) -> None:
+        if self.key not in METRIC_KEYS:
+            raise ValueError(f"unknown metric key {self.key!r}: add it to METRIC_KEYS")
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.target.met(self.value)
+
+    def as_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "target": None if self.target is None else str(self.target),
+            "met": self.met,
+        }
+
+
+def load_average() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def machine_info(spark) -> dict:
+    import importlib.metadata
+
+    import confluent_kafka
+
+    from ..devtools.kafka_local import KAFKA_VERSION
+
+    cpu_model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    try:
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gb = float("nan")
+    try:
+        usable_cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable_cores = os.cpu_count()
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    try:
+        java = spark.sparkContext._jvm.System.getProperty("java.version")
+    except Exception:  # noqa: BLE001 - informational only
+        java = None
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores,
+        "memory_gb": round(memory_gb, 1),
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "java": java,
+        "spark": spark.version,
+        "delta": version("delta-spark"),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kafka_local_broker": KAFKA_VERSION,
+        "spark_master": spark.sparkContext.master,
+        "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+        "load_average_start": load_average(),
+    }
+
+
+def format_table(metrics: list[Metric]) -> str:
+    lines = [f"{'metric':<52} {'value':>14} {'unit':<10} {'target':<8} met", "-" * 92]
+    for metric in metrics:
+        if metric.unit in ("records/s", "ms"):
+            value = f"{metric.value:,.0f}"
+        else:
+            value = f"{metric.value:,.3f}" if metric.value < 10 else f"{metric.value:,.1f}"
+        met = "" if metric.met is None else ("yes" if metric.met else "NO")
+        target = "" if metric.target is None else str(metric.target)
+        lines.append(f"{metric.name:<52} {value:>14} {metric.unit:<10} {target:<8} {met}")
+    return "\n".join(lines)
+
+
+def header(results: dict) -> str:
+    machine = results["machine"]
+    sizes = results["sizes"]
+    return (
+        f"\nbenchmark ({results['mode']}, {results['duration_s']:.0f} s): {machine['cores']} cores "
+        f"({machine['usable_cores']} usable), {machine['memory_gb']} GB, {machine['cpu_model']}\n"
+        f"Spark {machine['spark']}, Delta {machine['delta']}, Java {machine['java']}, Python {machine['python']}, "
+        f"master {machine['spark_master']}, load average {_load(machine.get('load_average_start'))} -> "
+        f"{_load(machine.get('load_average_end'))}\n"
+        f"backlog {sizes['records']:,} records on {sizes['partitions']} partitions, bronze batch "
+        f"{results['bronze_batch']:,}; silver MERGE {sizes['silver_batch']:,} rows into "
+        f"{sizes['silver_small_table']:,} vs {sizes['silver_big_table']:,} rows\n"
+    )
+
+
+def _load(values) -> str:
+    return "?" if not values else "/".join(f"{v:.1f}" for v in values)
+
+
+def publish(results: dict, metrics: list[Metric], output_dir: Path) -> None:
+    """Print the header and table, write bench.json and (with matplotlib) bench.png into ``output_dir``."""
+    if not isinstance(output_dir, Path):
+        raise TypeError(f"output_dir must be a Path, not {type(output_dir).__name__}")
+    print(header(results))
+    print(format_table(metrics))
+    missed = [m.name for m in metrics if m.met is False]
+    print(
+        f"targets met: {sum(1 for m in metrics if m.met)} of {sum(1 for m in metrics if m.target)}"
+        + (f"; missed: {'; '.join(missed)}" if missed else "")
+    )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    plot = write_plot(results, output_dir / PLOT_FILE)
+    print(f"wrote {output_dir / RESULTS_FILE}" + (f" and {plot}" if plot else ""))
+
+
+def write_plot(results: dict, path: Path) -> Path | None:
+    """bench.png: throughput, ratios against their targets, latency per marker. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: skipping {path.name} (pip install matplotlib)")
+        return None
+    metrics = {m["key"]: m for m in results["metrics"]}
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.5))
+
+    throughput = [
+        ("plain consumer", "kafka_consumer_rps"),
+        ("Spark source\n-> noop", "spark_source_rps"),
+        ("bronze", "bronze_rps"),
+        ("silver", "silver_rps"),
+        ("gold", "gold_rps"),
+    ]
+    left.bar([label for label, _ in throughput], [metrics[key]["value"] for _, key in throughput], color="#4c72b0")
+    left.set_title("throughput (records/s)")
+    left.tick_params(axis="x", labelsize=8)
+
+    ratios = [m for m in results["metrics"] if m["target"] is not None]
+    colors = ["#55a868" if m["met"] else "#c44e52" for m in ratios]
+    labels = [m["key"].replace("_", "\n", 1) for m in ratios]
+    middle.bar(labels, [m["value"] for m in ratios], color=colors)
+    for index, metric in enumerate(ratios):
+        target = float(metric["target"].split()[1])
+        middle.plot([index - 0.4, index + 0.4], [target, target], color="black", linewidth=2)
+    middle.set_title("ratios (bar) against targets (black line); green = met")
+    middle.tick_params(axis="x", labelsize=7, rotation=30)
+
+    latency = results["details"].get("latency", {})
+    for layer, values in latency.get("latencies_s", {}).items():
+        right.plot(range(len(values)), values, marker=".", linestyle="", label=layer)
+    trigger = latency.get("trigger")
+    if trigger:
+        seconds = duration_seconds(trigger, "latency trigger")
+        for multiple in (1, 2, 3):
+            right.axhline(multiple * seconds, color="grey", linewidth=0.5, linestyle="--")
+    right.set_title(f"Kafka -> visible latency per marker, sorted (trigger {trigger})")
+    right.set_ylabel("s")
+    right.legend()
+
+    machine = results["machine"]
+    figure.suptitle(
+        f"{results['mode']} run on {machine['cores']} cores, {machine['memory_gb']} GB, {machine['cpu_model']}; "
+        f"Spark {machine['spark']}, Delta {machine['delta']}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

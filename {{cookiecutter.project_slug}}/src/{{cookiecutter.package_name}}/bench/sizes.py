@@ -1,0 +1,105 @@
+"""How big each measurement is: the default run, the quick (CI smoke) run, or sizes of your own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..pipeline.config import duration_seconds
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """``None`` takes the value from the pipeline config."""
+
+    records: int  # backlog behind the throughput, exactly-once and recovery phases
+    partitions: int  # of the benchmark topic
+    max_offsets_per_trigger: int | None  # bronze batch size
+    warmup_records: int  # one small pass through everything first, so the JIT is warm
+    silver_batch: int  # rows of the silver MERGE batch
+    silver_small_table: int
+    silver_big_table: int
+    silver_table_commits: int  # appends used to build the big table
+    merge_repeats: int
+    steady_batch: int | None  # fixed-overhead steady-state batch (default: the bronze batch size)
+    overhead_repeats: int
+    overhead_trigger: str
+    latency_rate: int  # records/s produced while latency is measured
+    latency_seconds: float
+    latency_trigger: str | None  # default: pipeline.trigger_interval
+    marker_every_s: float
+    kill_fraction: float  # recovery kills the drain this far into the undisturbed drain time
+    # Recovery in new processes (SIGKILL, cold JVM on restart) or in this one (query.stop(), warm JVM).
+    recovery_in_process: bool = False
+    timeout_s: float = 1800.0  # any single wait
+
+    def __post_init__(self) -> None:
+        positive = (
+            "records",
+            "partitions",
+            "silver_batch",
+            "silver_small_table",
+            "silver_big_table",
+            "silver_table_commits",
+            "merge_repeats",
+            "overhead_repeats",
+            "latency_rate",
+            "latency_seconds",
+            "marker_every_s",
+            "timeout_s",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Sizes.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("max_offsets_per_trigger", "steady_batch"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"Sizes.{name} must be positive or None, got {value!r}")
+        if self.warmup_records < 0:
+            raise ValueError(f"Sizes.warmup_records must not be negative, got {self.warmup_records!r}")
+        if not 0.0 < self.kill_fraction < 1.0:
+            raise ValueError(f"Sizes.kill_fraction must be between 0 and 1, got {self.kill_fraction!r}")
+        for name in ("overhead_trigger", "latency_trigger"):
+            value = getattr(self, name)
+            if value is not None:
+                duration_seconds(value, f"Sizes.{name}")
+
+
+DEFAULT_SIZES = Sizes(
+    records=1_000_000,
+    partitions=2,
+    max_offsets_per_trigger=None,
+    warmup_records=200_000,
+    silver_batch=100_000,
+    silver_small_table=100_000,
+    silver_big_table=10_000_000,
+    silver_table_commits=10,
+    merge_repeats=3,
+    steady_batch=None,
+    overhead_repeats=3,
+    overhead_trigger="1 second",
+    latency_rate=2_000,
+    latency_seconds=60.0,
+    latency_trigger=None,
+    marker_every_s=1.0,
+    kill_fraction=0.5,
+)
+QUICK_SIZES = Sizes(
+    records=60_000,
+    partitions=2,
+    max_offsets_per_trigger=20_000,
+    warmup_records=20_000,
+    silver_batch=10_000,
+    silver_small_table=100_000,
+    silver_big_table=1_000_000,
+    silver_table_commits=2,
+    merge_repeats=2,
+    steady_batch=None,
+    overhead_repeats=2,
+    overhead_trigger="1 second",
+    latency_rate=500,
+    latency_seconds=15.0,
+    latency_trigger="2 seconds",
+    marker_every_s=0.5,
+    kill_fraction=0.5,
+    recovery_in_process=True,
+)

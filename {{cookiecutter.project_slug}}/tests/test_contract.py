@@ -1,0 +1,391 @@
+"""The event contract: declared once, checked when it is built, obeyed by every layer."""
+
+import dataclasses
+import json
+import random
+import re
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DecimalType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from {{ cookiecutter.package_name }}.devtools.sample import produce
+from {{ cookiecutter.package_name }}.pipeline.audit import reconcile, run_audit
+from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.sinks import add_to_windows
+from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
+from {{ cookiecutter.package_name }}.pipeline.tables import (
+    GOLD,
+    GOLD_SCHEMA,
+    QUARANTINE,
+    QUARANTINE_SCHEMA,
+    SILVER,
+    SILVER_SCHEMA,
+    Lakehouse,
+    TableSchemaError,
+    ensure_tables,
+    gold_schema,
+    schema_differences,
+    silver_schema,
+)
+from {{ cookiecutter.package_name }}.pipeline.transforms import window_aggregates
+
+EVENT_ID = Field("event_id", Kind.STRING)
+EVENT_TIME = Field("event_time", Kind.TIMESTAMP)
+AMOUNT = Field("amount", Kind.DECIMAL, precision=18, scale=2)
+
+
+def contract(*fields: Field, event_time: str = "event_time", dimensions=(), measures=()) -> Contract:
+    return Contract(fields=fields, event_time=event_time, dimensions=dimensions, measures=measures)
+
+
+BAD_DECLARATIONS = [
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, Field("event_id", Kind.LONG)),
+        "field event_id: declared twice",
+        id="duplicate-name",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, Field("Event_ID", Kind.STRING)),
+        "field Event_ID: declared twice (also as event_id)",
+        id="duplicate-name-in-another-case",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, Field("event_time", Kind.STRING)),
+        "field event_time: the event time must be a TIMESTAMP, not STRING",
+        id="event-time-not-a-timestamp",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, Field("event_time", Kind.TIMESTAMP, required=False)),
+        "field event_time: the event time must be required",
+        id="event-time-optional",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, event_time="occurred_at"),
+        "field occurred_at: named as the event time but not declared",
+        id="event-time-not-declared",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, dimensions=("channel",)),
+        "field channel: named as the dimension but not declared",
+        id="dimension-not-declared",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, dimensions=("event_id", "event_id")),
+        "field event_id: listed twice as a dimension",
+        id="dimension-twice",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, dimensions=("event_time",)),
+        "field event_time: the event time is gold's window already",
+        id="event-time-as-dimension",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, measures=("event_id",)),
+        "field event_id: a measure is summed, so it must be DECIMAL, INTEGER or LONG, not STRING",
+        id="measure-not-numeric",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, AMOUNT, measures=("total",)),
+        "field total: named as the measure but not declared",
+        id="measure-not-declared",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, Field("amount", Kind.LONG, required=False), measures=("amount",)),
+        "field amount: a measure must be required",
+        id="measure-optional",
+    ),
+    pytest.param(
+        lambda: contract(EVENT_ID, EVENT_TIME, AMOUNT, dimensions=("amount",), measures=("amount",)),
+        "field amount: a field is a dimension or a measure, not both",
+        id="dimension-and-measure",
+    ),
+    pytest.param(
+        lambda: contract(
+            EVENT_ID,
+            EVENT_TIME,
+            AMOUNT,
+            Field("amount_sum", Kind.STRING),
+            dimensions=("amount_sum",),
+            measures=("amount",),
+        ),
+        "field amount: its gold column amount_sum is the dimension amount_sum",
+        id="measure-sum-named-like-a-dimension",
+    ),
+    pytest.param(lambda: Field("offset", Kind.LONG), "field offset: the name is taken", id="kafka-column-name"),
+    pytest.param(
+        lambda: Field("event_count", Kind.LONG), "field event_count: the name is taken", id="gold-column-name"
+    ),
+    pytest.param(
+        lambda: Field("event-id", Kind.STRING), "field 'event-id': a name is a letter", id="not-an-identifier"
+    ),
+    pytest.param(lambda: Field("_doc", Kind.STRING), "field '_doc': a name is a letter", id="leading-underscore"),
+    pytest.param(lambda: Field("event_type", "string"), "field event_type: kind must be a Kind", id="kind-not-a-kind"),
+    pytest.param(
+        lambda: Field("amount", Kind.DECIMAL),
+        "field amount: DECIMAL needs a precision from 1 to 38, got None",
+        id="decimal-without-precision",
+    ),
+    pytest.param(
+        lambda: Field("amount", Kind.DECIMAL, precision=39, scale=2),
+        "field amount: DECIMAL needs a precision from 1 to 38, got 39",
+        id="decimal-too-precise",
+    ),
+    pytest.param(
+        lambda: Field("amount", Kind.DECIMAL, precision=4, scale=5),
+        "field amount: DECIMAL needs a scale from 0 to its precision 4, got 5",
+        id="decimal-scale-above-precision",
+    ),
+    pytest.param(
+        lambda: Field("quantity", Kind.LONG, precision=10),
+        "field quantity: precision and scale are for DECIMAL fields, not LONG",
+        id="precision-on-a-long",
+    ),
+]
+
+
+@pytest.mark.parametrize(("declare", "message"), BAD_DECLARATIONS)
+def test_a_bad_declaration_fails_naming_the_field(declare, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        declare()
+
+
+def test_the_default_contract_gives_the_silver_and_gold_schemas_the_pipeline_always_had():
+    assert SILVER_SCHEMA == StructType(
+        [
+            StructField("event_id", StringType(), False),
+            StructField("event_time", TimestampType(), False),
+            StructField("user_id", StringType(), False),
+            StructField("event_type", StringType(), False),
+            StructField("amount", DecimalType(18, 2), False),
+            StructField("topic", StringType(), False),
+            StructField("partition", IntegerType(), False),
+            StructField("offset", LongType(), False),
+            StructField("kafka_timestamp", TimestampType(), True),
+            StructField("ingest_time", TimestampType(), False),
+        ]
+    )
+    assert GOLD_SCHEMA == StructType(
+        [
+            StructField("window_start", TimestampType(), False),
+            StructField("window_end", TimestampType(), False),
+            StructField("event_type", StringType(), False),
+            StructField("event_count", LongType(), False),
+            StructField("amount_sum", DecimalType(28, 2), False),
+        ]
+    )
+
+
+def test_the_default_contract_quarantines_with_the_documented_reasons_in_their_order():
+    strings = ("event_id", "user_id", "event_type")
+    assert EVENTS.quarantine_reasons() == [
+        "null value (tombstone)",
+        "value is not valid UTF-8",
+        "value is not valid JSON",
+        "value is not a JSON object",
+        *(f"missing required field {name}" for name in (*strings, "event_time", "amount")),
+        *(f"field {name} must be a string, got <type>" for name in (*strings, "event_time")),
+        *(f"field {name} must not be empty" for name in strings),
+        "field event_time is not an ISO-8601 timestamp with offset",
+        "field amount must be a number, got <type>",
+        "field amount does not fit DECIMAL(18,2) exactly",
+    ]
+
+
+# Orders per shop and optional coupon; three kinds of measures.
+ORDERS = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("coupon", Kind.STRING, required=False),
+        Field("quantity", Kind.INTEGER),
+        Field("weight", Kind.LONG),
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+    ),
+    event_time="ordered_at",
+    dimensions=("shop", "coupon"),
+    measures=("quantity", "weight", "total"),
+)
+
+
+def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_is_one_group(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_tables(spark, lakehouse, ORDERS)
+    at = datetime(2024, 1, 1, 10, 0, 5, tzinfo=UTC)
+    first, second = (
+        spark.createDataFrame(rows, silver_schema(ORDERS))
+        for rows in (
+            [
+                ("o1", at, "north", None, 2, 2**40, Decimal("10.05"), "orders", 0, 0, None, at),
+                ("o2", at, "north", "SPRING", 1, 5, Decimal("3.00"), "orders", 0, 1, None, at),
+            ],
+            [("o3", at, "north", None, 3, 1, Decimal("0.95"), "orders", 0, 2, None, at)],
+        )
+    )
+    aggregates = window_aggregates(first, "1 minute", ORDERS)
+    assert [(f.name, f.dataType) for f in aggregates.schema] == [(f.name, f.dataType) for f in gold_schema(ORDERS)]
+
+    # The second batch's null coupon must find the row the first one inserted.
+    add_to_windows(aggregates, lakehouse.table(GOLD), "test", 0, ORDERS)
+    add_to_windows(window_aggregates(second, "1 minute", ORDERS), lakehouse.table(GOLD), "test", 1, ORDERS)
+
+    gold = spark.read.format("delta").load(lakehouse.table(GOLD))
+    assert gold.schema == gold_schema(ORDERS)
+    rows = [(r.shop, r.coupon, r.event_count, r.quantity_sum, r.weight_sum, r.total_sum) for r in gold.collect()]
+    assert sorted(rows, key=str) == [
+        ("north", "SPRING", 1, 1, 5, Decimal("3.00")),
+        ("north", None, 2, 5, 2**40 + 1, Decimal("11.00")),
+    ]
+    # The audit's recomputation matches the null coupon too.
+    silver = first.unionByName(second)
+    keys = silver.select("topic", "partition", "offset")
+    no_quarantine = spark.createDataFrame([], QUARANTINE_SCHEMA)
+    report = reconcile(keys, keys, silver, no_quarantine, gold, "1 minute", ORDERS)
+    assert report.clean, report.as_dict()
+
+
+# The default contract plus a required channel that gold also groups by, and an optional quantity.
+WITH_CHANNEL = Contract(
+    fields=(
+        Field("event_id", Kind.STRING),
+        Field("event_time", Kind.TIMESTAMP),
+        Field("user_id", Kind.STRING),
+        Field("event_type", Kind.STRING),
+        Field("channel", Kind.STRING),
+        Field("quantity", Kind.INTEGER, required=False),
+        Field("amount", Kind.DECIMAL, precision=18, scale=2),
+    ),
+    event_time="event_time",
+    dimensions=("event_type", "channel"),
+    measures=("amount",),
+)
+
+
+def test_tables_made_for_another_contract_are_refused_naming_the_difference(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_tables(spark, lakehouse)
+
+    with pytest.raises(TableSchemaError) as refused:
+        ensure_tables(spark, lakehouse, WITH_CHANNEL)
+
+    assert "silver_events at " in str(refused.value)
+    assert "missing column channel STRING NOT NULL; missing column quantity INT." in str(refused.value)
+
+
+def test_a_schema_difference_names_each_column_that_differs():
+    loosened = StructType(
+        [StructField(f.name, f.dataType, True) if f.name == "amount" else f for f in SILVER_SCHEMA.fields]
+        + [StructField("extra", StringType(), True)]
+    )
+
+    assert schema_differences(SILVER_SCHEMA, SILVER_SCHEMA) == []
+    assert schema_differences(SILVER_SCHEMA, loosened) == [
+        "column amount is DECIMAL(18,2), the contract says DECIMAL(18,2) NOT NULL",
+        "unexpected column extra",
+    ]
+    assert schema_differences(SILVER_SCHEMA, StructType(SILVER_SCHEMA.fields[::-1]))[0].startswith(
+        "columns in another order: ingest_time, kafka_timestamp"
+    )
+
+
+START = datetime(2024, 5, 1, 11, 0, tzinfo=timezone(timedelta(hours=2)))
+
+
+def channel_events(count: int, seed: int) -> list[tuple[bytes, bytes]]:
+    """Records of WITH_CHANNEL: every 7th lacks its channel, some carry a quantity, some a bad one."""
+    rng = random.Random(seed)
+    records = []
+    for index in range(count):
+        event = {
+            "event_id": f"s{seed}-{index}",
+            "event_time": (START + timedelta(seconds=rng.randrange(240))).isoformat(),
+            "user_id": f"user-{rng.randrange(20)}",
+            "event_type": rng.choice(("view", "purchase")),
+            "channel": rng.choice(("web", "app", "store")),
+            "amount": rng.randrange(1, 100_000) / 100,
+        }
+        if index % 3 == 0:
+            event["quantity"] = rng.randrange(1, 10)
+        if index % 11 == 5:
+            event["quantity"] = "three"
+        if index % 7 == 0:
+            del event["channel"]
+        records.append((event["user_id"].encode(), json.dumps(event).encode()))
+    return records
+
+
+def expected_layers(records: list[tuple[bytes, bytes]]) -> tuple[dict, dict, dict]:
+    """Silver (event_id -> channel, quantity), quarantine (value -> reason) and gold, in plain Python."""
+    silver, quarantine = {}, {}
+    gold: dict[tuple[int, str, str], list] = defaultdict(lambda: [0, Decimal("0")])
+    for _, value in records:
+        event = json.loads(value)
+        if "channel" not in event:
+            quarantine[value] = "missing required field channel"
+        elif isinstance(event.get("quantity"), str):
+            quarantine[value] = "field quantity must be an integer, got STRING"
+        else:
+            silver[event["event_id"]] = (event["channel"], event.get("quantity"))
+            epoch = int(datetime.fromisoformat(event["event_time"]).timestamp())
+            totals = gold[(epoch - epoch % 60, event["event_type"], event["channel"])]
+            totals[0] += 1
+            totals[1] += Decimal(str(event["amount"]))
+    return silver, quarantine, {key: tuple(totals) for key, totals in gold.items()}
+
+
+def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold_and_the_audit(spark, config):
+    config = dataclasses.replace(config, gold_window="1 minute")
+    lakehouse = Lakehouse(config.lakehouse_root)
+    produced = []
+    # Two rounds into the same windows: the second one updates gold rows the first inserted.
+    for seed in (1, 2):
+        records = channel_events(150, seed)
+        produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
+        produced += records
+        run_available_now(spark, config, contract=WITH_CHANNEL)
+
+    def table(name: str):
+        return spark.read.format("delta").load(lakehouse.table(name))
+
+    expected_silver, expected_quarantine, expected_gold = expected_layers(produced)
+    assert "missing required field channel" in expected_quarantine.values()
+    assert "field quantity must be an integer, got STRING" in expected_quarantine.values()
+
+    silver = table(SILVER)
+    assert silver.columns == [
+        *("event_id", "event_time", "user_id", "event_type", "channel", "quantity", "amount"),
+        *("topic", "partition", "offset", "kafka_timestamp", "ingest_time"),
+    ]
+    assert silver.schema["channel"] == StructField("channel", StringType(), False)
+    assert silver.schema["quantity"] == StructField("quantity", IntegerType(), True)
+    assert {row.event_id: (row.channel, row.quantity) for row in silver.collect()} == expected_silver
+
+    quarantine = {bytes(row.value): row.reason for row in table(QUARANTINE).collect()}
+    assert quarantine == expected_quarantine
+
+    gold = table(GOLD)
+    assert gold.columns == ["window_start", "window_end", "event_type", "channel", "event_count", "amount_sum"]
+    assert gold.where(F.col("window_end") != F.col("window_start") + F.expr("INTERVAL 1 MINUTE")).count() == 0
+    rows = gold.select(F.col("window_start").cast("long").alias("start"), "*").collect()
+    assert {(r.start, r.event_type, r.channel): (r.event_count, r.amount_sum) for r in rows} == expected_gold
+
+    report = run_audit(spark, config, contract=WITH_CHANNEL)
+    assert report.clean, report.as_dict()
+    assert report.counts["silver_rows"] == len(expected_silver)
+    assert report.counts["quarantine_rows"] == len(expected_quarantine)
+    # The default contract does not fit these tables, and says so rather than comparing the wrong columns.
+    with pytest.raises(TableSchemaError, match="silver_events"):
+        run_audit(spark, config)
