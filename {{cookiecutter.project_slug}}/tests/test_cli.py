@@ -77,6 +77,16 @@ def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline
     assert "audit verdict: clean" in capsys.readouterr().out
 
 
+def test_gold_table_of_another_contract_is_refused_with_exit_3_naming_the_way_out(spark, pipeline_env, capsys):
+    gold_path = Lakehouse(pipeline_env.lakehouse_root).table(GOLD)
+    spark.createDataFrame([("x", 1)], "window_start string, event_count long").write.format("delta").save(gold_path)
+
+    assert main(["run", "--layer", "gold", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert "refusing to start: gold_event_windows at" in refusal
+    assert "delete the gold table and the gold checkpoint" in refusal
+
+
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .pipeline import checkpoints
 from .pipeline.config import LOCAL_BOOTSTRAP, Config, ConfigError, load_config
+from .pipeline.tables import TableSchemaError
 
 EXIT_CONFIG = 2
 EXIT_UNSAFE_START = 3
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    except checkpoints.CheckpointError as error:
+    except (checkpoints.CheckpointError, TableSchemaError) as error:
         print(f"refusing to start: {error}", file=sys.stderr)
         return EXIT_UNSAFE_START
 

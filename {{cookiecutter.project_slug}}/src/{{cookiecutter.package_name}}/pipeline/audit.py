@@ -20,9 +20,6 @@ from .kafka_io import bootstrap_servers, spark_security_options
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from .transforms import window_aggregates
 
-# The gold key of the default contract.
-GOLD_KEY = list(EVENTS.gold_key)
-
 
 @dataclass
 class AuditReport:
