@@ -24,6 +24,10 @@ SECONDS_PER_UNIT = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 MAX_WINDOW_SECONDS = 7 * 86400
 # A package with one of these names would shadow a dependency at import time.
 DEPENDENCY_MODULES = {"pyspark", "delta", "confluent_kafka", "chispa", "pytest", "py4j", "kafka", "tests"}
+# The generated pipeline/config.py accepts exactly these (a template test compares them);
+# this hook runs before the package exists, so it cannot import them.
+SECURITY_PROTOCOLS = {"PLAINTEXT", "SSL", "SASL_SSL"}
+SASL_MECHANISMS = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 SASL_PROTOCOLS = {"SASL_SSL"}
 
 
@@ -109,6 +113,14 @@ def check_window(duration: str) -> list[str]:
 
 
 def check_security(protocol: str, mechanism: str) -> list[str]:
+    # --no-input and extra_context bypass the choice lists, so the values are checked here too.
+    if protocol not in SECURITY_PROTOCOLS:
+        return [
+            f"kafka_security_protocol: {protocol!r} is not one of {', '.join(sorted(SECURITY_PROTOCOLS))} "
+            "(SASL_PLAINTEXT would send the password unencrypted)"
+        ]
+    if mechanism != "none" and mechanism not in SASL_MECHANISMS:
+        return [f"kafka_sasl_mechanism: {mechanism!r} is not one of none, {', '.join(sorted(SASL_MECHANISMS))}"]
     if protocol in SASL_PROTOCOLS and mechanism == "none":
         return [f"kafka_sasl_mechanism: kafka_security_protocol {protocol} needs a SASL mechanism"]
     if protocol not in SASL_PROTOCOLS and mechanism != "none":

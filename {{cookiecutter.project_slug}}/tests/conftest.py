@@ -58,3 +58,12 @@ def config(tmp_path, kafka_bootstrap, topic) -> Config:
             "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
         },
     )
+
+
+@pytest.fixture
+def pipeline_env(monkeypatch, config):
+    """The test's broker, topic and lakehouse in the environment, for the command line in-process or in a child."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", config.kafka.bootstrap_servers)
+    monkeypatch.setenv("KAFKA_TOPICS", ",".join(config.kafka.topics))
+    monkeypatch.setenv("LAKEHOUSE_ROOT", config.lakehouse_root)
+    return config

@@ -28,11 +28,16 @@ TINY = dataclasses.replace(
     silver_small_table=1_000,
     silver_big_table=5_000,
     silver_table_commits=2,
+    gold_small_windows=20,
+    gold_big_windows=2_000,
+    gold_batch_windows=4,
+    gold_table_commits=2,
     merge_repeats=1,
     overhead_repeats=1,
     latency_rate=100,
     latency_seconds=4.0,
     latency_trigger="1 second",
+    latency_fast_trigger="1 second",
     marker_every_s=0.5,
     timeout_s=600.0,
 )
@@ -62,14 +67,19 @@ def test_quick_benchmark_writes_every_metric(tmp_path):
         else:
             assert metric["met"] in (True, False), key
     targets = {key for key, metric in metrics.items() if metric["target"] is not None}
+    # Every target of the table, and the first silver scaling target.
     assert targets == {
         "bronze_vs_source",
-        "silver_merge_scaling",
-        "bronze_fixed_overhead",
-        "silver_fixed_overhead",
-        "gold_fixed_overhead",
+        "bronze_vs_delta_sink",
+        "bronze_vs_floor",
+        "silver_vs_floor",
+        "gold_vs_floor",
+        "latency_gold_p95_triggers",
         "exactly_once_cost",
         "recovery_cost",
+        "silver_merge_scaling",
+        "silver_skewed_merge_scaling",
+        "gold_merge_scaling",
     }
 
     details = written["details"]
@@ -81,6 +91,24 @@ def test_quick_benchmark_writes_every_metric(tmp_path):
     merges = details["silver_scaling"]["merges"]
     assert all(run["operation"] == "MERGE" for runs in merges.values() for run in runs)
     assert all(run["operation_metrics"]["numTargetRowsInserted"] == TINY.silver_batch for run in merges["big"])
+    skewed = details["silver_scaling_skewed"]
+    assert skewed["tables"]["big"]["rows"] >= TINY.silver_big_table
+    for run in (run for runs in skewed["merges"].values() for run in runs):
+        assert run["operation"] == "MERGE"
+        assert run["operation_metrics"]["numTargetRowsInserted"] == skewed["batch_rows"]
+        assert run["batch_partitions"] == 5  # both topics, the partition added later too
+    gold = details["gold_scaling"]
+    assert gold["tables"]["big"]["windows"] == TINY.gold_big_windows
+    for run in (run for runs in gold["merges"].values() for run in runs):
+        assert run["operation"] == "MERGE"
+        # Half of the batch's windows are in the table already, half are new.
+        assert run["operation_metrics"]["numTargetRowsUpdated"] == gold["batch_rows"] // 2
+        assert run["operation_metrics"]["numTargetRowsInserted"] == gold["batch_rows"] // 2
+    floors = details["fixed_overhead"]["floors"]
+    assert set(floors) == {"kafka", "bronze_table", "silver_table"}
+    assert all(rows == 1 for floor in floors.values() for rows in floor["input_rows"])
+    assert details["latency_fast"]["trigger"] == TINY.latency_fast_trigger
+    assert details["latency_fast"]["markers"] >= 2
 
     plot = output / PLOT_FILE
     if importlib.util.find_spec("matplotlib") is not None:

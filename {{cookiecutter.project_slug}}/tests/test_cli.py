@@ -15,14 +15,6 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
 
 
-@pytest.fixture
-def pipeline_env(monkeypatch, config):
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", config.kafka.bootstrap_servers)
-    monkeypatch.setenv("KAFKA_TOPICS", ",".join(config.kafka.topics))
-    monkeypatch.setenv("LAKEHOUSE_ROOT", config.lakehouse_root)
-    return config
-
-
 def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
     env = {"LAKEHOUSE_ROOT": str(tmp_path / "lake"), "PATH": ""}
     result = subprocess.run(
@@ -71,7 +63,7 @@ def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline
     listing = capsys.readouterr().out
     assert all(f"{stream:<7} ok" in listing for stream in ("bronze", "silver", "gold"))
 
-    assert main(["checkpoints", "reset", "gold"]) == 0
+    assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
     assert main(["run", "--layer", "gold", "--available-now"]) == 0
     assert main(["audit"]) == 0
     assert "audit verdict: clean" in capsys.readouterr().out

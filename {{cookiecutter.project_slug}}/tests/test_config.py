@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.cli import resolve_local_bootstrap
+from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import spark_source_options
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config, spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
 
@@ -97,8 +98,10 @@ def test_sasl_credentials_come_from_the_environment_and_are_never_shown(tmp_path
         'security_protocol = "PLAINTEXT"', 'security_protocol = "SASL_SSL"\nsasl_mechanism = "PLAIN"'
     )
     path = config_file(tmp_path, text)
-    with pytest.raises(ConfigError, match="KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD"):
+    with pytest.raises(ConfigError, match="kafka.sasl_username: .* KAFKA_SASL_USERNAME"):
         load_config(config_file=path, environ={"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})
+    with pytest.raises(ConfigError, match="kafka.sasl_password_file: .* KAFKA_SASL_PASSWORD"):
+        load_config(config_file=path, environ={"KAFKA_BOOTSTRAP_SERVERS": "b:9092", "KAFKA_SASL_USERNAME": "svc"})
 
     secret = "s3cr3t-Pa55"
     config = load_config(
@@ -124,3 +127,188 @@ def test_the_pipeline_refuses_an_unresolved_local_bootstrap():
 def test_a_numeric_override_that_is_not_a_number_names_the_variable():
     with pytest.raises(ConfigError, match="KAFKA_MAX_OFFSETS_PER_TRIGGER: 'lots' is not a whole number"):
         load_config("local", environ={"KAFKA_MAX_OFFSETS_PER_TRIGGER": "lots"})
+
+
+# --- TLS and SASL settings ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory) -> SecureFiles:
+    return create_certificates(tmp_path_factory.mktemp("pems"))
+
+
+def secure_config_file(tmp_path: Path, settings: str) -> Path:
+    """The packaged local config with its security_protocol line replaced by ``settings``."""
+    return config_file(tmp_path, PACKAGED_LOCAL.replace('security_protocol = "PLAINTEXT"', settings, 1))
+
+
+def test_sasl_plaintext_is_refused_like_the_bake_refuses_it(tmp_path):
+    path = secure_config_file(tmp_path, 'security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "PLAIN"')
+    with pytest.raises(ConfigError, match="kafka.security_protocol: 'SASL_PLAINTEXT' is not one of"):
+        load_config(config_file=path, environ={"KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"})
+
+
+def test_tls_and_sasl_settings_reach_both_kinds_of_client_alike(tmp_path, pems):
+    password_file = tmp_path / "sasl.password"
+    password_file.write_text("from-a-file-0815\n")
+    path = secure_config_file(
+        tmp_path,
+        f"""security_protocol = "SASL_SSL"
+sasl_mechanism = "SCRAM-SHA-256"
+sasl_username = "svc-pipeline"
+sasl_password_file = "{password_file}"
+ssl_ca_location = "{pems.ca}"
+ssl_certificate_location = "{pems.client_certificate}"
+ssl_key_location = "{pems.client_key}"
+""",
+    )
+    config = load_config(config_file=path, environ={"KAFKA_BOOTSTRAP_SERVERS": "broker:9093"})
+
+    librdkafka = client_config(config)
+    assert librdkafka["security.protocol"] == "SASL_SSL"
+    assert librdkafka["sasl.password"] == "from-a-file-0815"  # one trailing newline is not part of it
+    assert librdkafka["ssl.ca.location"] == str(pems.ca)
+    assert librdkafka["ssl.certificate.location"] == str(pems.client_certificate)
+    assert librdkafka["ssl.key.location"] == str(pems.client_key)
+    assert librdkafka["ssl.endpoint.identification.algorithm"] == "https"
+    jvm = spark_source_options(config)
+    assert jvm["kafka.security.protocol"] == "SASL_SSL"
+    assert jvm["kafka.sasl.mechanism"] == "SCRAM-SHA-256"
+    assert 'username="svc-pipeline" password="from-a-file-0815"' in jvm["kafka.sasl.jaas.config"]
+    assert (jvm["kafka.ssl.truststore.type"], jvm["kafka.ssl.truststore.location"]) == ("PEM", str(pems.ca))
+    assert jvm["kafka.ssl.keystore.type"] == "PEM"
+    assert jvm["kafka.ssl.keystore.certificate.chain"] == pems.client_certificate.read_text()
+    assert jvm["kafka.ssl.keystore.key"] == pems.client_key.read_text()
+    assert jvm["kafka.ssl.endpoint.identification.algorithm"] == "https"
+    assert "from-a-file-0815" not in repr(config)
+
+    relaxed = load_config(
+        config_file=secure_config_file(
+            tmp_path, f'security_protocol = "SSL"\nssl_ca_location = "{pems.ca}"\nssl_endpoint_identification = false'
+        ),
+        environ={"KAFKA_BOOTSTRAP_SERVERS": "broker:9093"},
+    )
+    assert client_config(relaxed)["ssl.endpoint.identification.algorithm"] == "none"
+    assert spark_source_options(relaxed)["kafka.ssl.endpoint.identification.algorithm"] == ""
+    # Without a CA file the system's CAs are used, by librdkafka too.
+    system = load_config(
+        config_file=secure_config_file(tmp_path, 'security_protocol = "SSL"'),
+        environ={"KAFKA_BOOTSTRAP_SERVERS": "broker:9093"},
+    )
+    assert client_config(system)["ssl.ca.location"] == "probe"
+    assert "kafka.ssl.truststore.location" not in spark_source_options(system)
+
+
+def _pkcs1_key(tmp_path: Path) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = tmp_path / "sec1.pem"
+    key = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
+    return path
+
+
+def _pbes2_key(tmp_path: Path, pems: SecureFiles) -> Path:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(pems.client_key.read_bytes(), None)
+    path = tmp_path / "pbes2.pem"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("settings", "environ", "named"),
+    [
+        ('security_protocol = "SSL"\nssl_ca_location = "{tmp}/nowhere.pem"', {}, "ssl_ca_location: .* does not exist"),
+        ('security_protocol = "SSL"\nssl_ca_location = "{tmp}/pipeline.toml"', {}, "ssl_ca_location: .* holds no PEM"),
+        (
+            'security_protocol = "SSL"\nssl_certificate_location = "{cert}"',
+            {},
+            "kafka.ssl_key_location: kafka.ssl_certificate_location is set",
+        ),
+        (
+            'security_protocol = "SSL"\nssl_key_location = "{key}"',
+            {},
+            "kafka.ssl_certificate_location: kafka.ssl_key_location is set",
+        ),
+        (
+            'security_protocol = "SSL"\nssl_certificate_location = "{cert}"\nssl_key_location = "{cert}"',
+            {},
+            "kafka.ssl_key_location: .* holds no PEM private key",
+        ),
+        (
+            'security_protocol = "SSL"\nssl_certificate_location = "{cert}"\nssl_key_location = "{sec1}"',
+            {},
+            "kafka.ssl_key_location: .* PKCS#1/SEC1 key; convert it",
+        ),
+        (
+            'security_protocol = "SSL"\nssl_certificate_location = "{cert}"\nssl_key_location = "{pbes2}"',
+            {"KAFKA_SSL_KEY_PASSWORD": "pw"},
+            "kafka.ssl_key_location: .* PBES2",
+        ),
+        (
+            'security_protocol = "SSL"\nssl_certificate_location = "{cert}"\nssl_key_location = "{key}"',
+            {"KAFKA_SSL_KEY_PASSWORD": "pw"},
+            "kafka.ssl_key_password_file: the key in kafka.ssl_key_location is not encrypted",
+        ),
+        ('security_protocol = "SSL"\nssl_key_password_file = "{cert}"', {}, "kafka.ssl_key_password_file: set without"),
+        ('security_protocol = "SSL"\nssl_endpoint_identification = "no"', {}, "ssl_endpoint_identification: expected"),
+        ('security_protocol = "PLAINTEXT"\nssl_ca_location = "{ca}"', {}, "kafka.ssl_ca_location: only valid with"),
+        ('security_protocol = "SSL"\nsasl_username = "svc"', {}, "kafka.sasl_username: only valid with .* SASL_SSL,"),
+        (
+            'security_protocol = "SASL_SSL"\nsasl_mechanism = "SCRAM-SHA-512"\nsasl_password_file = "{tmp}/empty"',
+            {"KAFKA_SASL_USERNAME": "svc"},
+            "kafka.sasl_password_file: .* is empty",
+        ),
+        (
+            'security_protocol = "SASL_SSL"\nsasl_mechanism = "SCRAM-SHA-512"\nsasl_password_file = "{tmp}/empty"',
+            {"KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "p"},
+            "kafka.sasl_password_file: set together with KAFKA_SASL_PASSWORD",
+        ),
+        (
+            'security_protocol = "SASL_SSL"\nsasl_mechanism = "GSSAPI"',
+            {"KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "p"},
+            "kafka.sasl_mechanism: 'GSSAPI' is not one of",
+        ),
+    ],
+)
+def test_a_bad_security_setting_fails_at_start_naming_the_key(tmp_path, pems, settings, environ, named):
+    (tmp_path / "empty").write_text("")
+    text = settings.format(
+        tmp=tmp_path,
+        ca=pems.ca,
+        cert=pems.client_certificate,
+        key=pems.client_key,
+        sec1=_pkcs1_key(tmp_path),
+        pbes2=_pbes2_key(tmp_path, pems),
+    )
+    path = secure_config_file(tmp_path, text)
+
+    with pytest.raises(ConfigError, match=named):
+        load_config(config_file=path, environ={"KAFKA_BOOTSTRAP_SERVERS": "broker:9093", **environ})
+
+
+def test_security_settings_come_from_the_environment_too(pems):
+    config = load_config(
+        "local",
+        environ={
+            "KAFKA_BOOTSTRAP_SERVERS": "broker:9093",
+            "KAFKA_SECURITY_PROTOCOL": "SSL",
+            "KAFKA_SSL_CA_LOCATION": str(pems.ca),
+            "KAFKA_SSL_CERTIFICATE_LOCATION": str(pems.client_certificate),
+            "KAFKA_SSL_KEY_LOCATION": str(pems.client_key),
+        },
+    )
+    assert config.kafka.security_protocol == "SSL"
+    assert config.kafka.ssl_ca_location == str(pems.ca)
+    assert config.kafka.ssl_key_location == str(pems.client_key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import socket
@@ -13,7 +14,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from {{ cookiecutter.package_name }}.devtools import kafka_local
+from {{ cookiecutter.package_name }}.devtools import kafka_local, kafka_secure
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 
 pytestmark = pytest.mark.kafka
@@ -163,3 +164,35 @@ def test_failed_start_raises_with_broker_log(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="Stored node id 2 doesn't match"):
         broker.start(timeout=60)
     assert broker.status() is None
+
+
+def test_secure_start_refuses_a_broker_already_running_without_it(kafka: LocalKafka) -> None:
+    with pytest.raises(RuntimeError, match="runs without --secure; stop it first"):
+        LocalKafka(kafka.home).start(secure=True)
+    assert kafka.secure_listeners() is None
+
+
+def test_certificates_chain_to_their_ca_and_name_the_local_host(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    files = kafka_secure.create_certificates(tmp_path / "secure")
+    ca = x509.load_pem_x509_certificate(files.ca.read_bytes())
+    client = x509.load_pem_x509_certificates(files.client_certificate.read_bytes())
+    client[0].verify_directly_issued_by(ca)
+    _, broker, _ = pkcs12.load_key_and_certificates(
+        files.broker_keystore.read_bytes(), files.broker_keystore_password_file.read_bytes()
+    )
+    assert broker is not None
+    broker.verify_directly_issued_by(ca)
+    names = broker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert client[0].subject.rfc4514_string() == f"CN={kafka_secure.SECURE_USER}"
+    # A second call keeps what the first made: the broker and clients already trust that CA.
+    assert kafka_secure.create_certificates(tmp_path / "secure").ca.read_bytes() == files.ca.read_bytes()
+    other = kafka_secure.create_certificates(tmp_path / "other")
+    assert other.ca.read_bytes() != files.ca.read_bytes()
+    secrets = (files.client_key, files.sasl_password_file, files.broker_keystore, files.broker_keystore_password_file)
+    for secret in secrets:
+        assert secret.stat().st_mode & 0o077 == 0, secret

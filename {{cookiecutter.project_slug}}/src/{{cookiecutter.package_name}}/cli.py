@@ -52,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cps = commands.add_parser("checkpoints", help="list or reset stream checkpoints")
     cp_actions = cps.add_subparsers(dest="action", required=True)
-    cp_actions.add_parser("list")
+    cp_list = cp_actions.add_parser("list", help="each stream's checkpoint progress against its sink tables")
+    cp_list.add_argument("--json", action="store_true")
     reset = cp_actions.add_parser("reset", help="reset a stream and everything downstream of it")
     reset.add_argument("stream", choices=["bronze", "silver", "gold"])
+    reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
 
     show = commands.add_parser("show", help="print a table")
     show.add_argument("table", choices=["bronze", "silver", "quarantine", "gold"])
@@ -62,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     local = commands.add_parser("kafka-local", help="a single-node Kafka broker for development")
     local.add_argument("action", choices=["start", "stop", "status"])
+    local.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: also listen with SASL_SSL (PLAIN, SCRAM) and with mutual TLS, on certificates made on first start",
+    )
 
     chaos = commands.add_parser(
         "chaos", help="kill and restart the pipeline at random while producing, then check exactly-once"
@@ -74,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
     )
-    bench.add_argument("--quick", action="store_true", help="a smaller run (about 4 minutes), the CI smoke size")
+    bench.add_argument("--quick", action="store_true", help="a smaller run (about 6 minutes)")
     bench.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
     bench.add_argument("--keep", action="store_true", help="keep the work directory, broker and topics")
 
@@ -90,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         args.local_broker = config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP
         if args.command in NEEDS_KAFKA:
             config = resolve_local_bootstrap(config)
+            from .pipeline.kafka_io import check_connection
+
+            # Before Spark: its Kafka client would retry a refused login forever.
+            check_connection(config)
         return COMMANDS[args.command](config, args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -167,8 +178,9 @@ def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requ
             queries.append(start_stream(spark, config, layer, available_now=False))
     while not stop_requested.is_set() and all(query.isActive for query in queries):
         stop_requested.wait(1.0)
-    # A stream that ended on its own failed; the others are stopped by us.
-    failed = [query for query in queries if not query.isActive and query.exception() is not None]
+    # A stream that ended on its own failed, with an exception or without one (its lease
+    # was taken over by another process); the others are stopped by us.
+    failed = [query for query in queries if not query.isActive]
     for query in queries:
         if query.isActive:
             _stop_after_current_batch(query)
@@ -178,7 +190,8 @@ def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requ
                     file=sys.stderr,
                 )
     for query in failed:
-        print(f"stream {query.name} failed: {query.exception()}", file=sys.stderr)
+        reason = query.exception() or "it ended without a stop request: see the log for its lease"
+        print(f"stream {query.name} failed: {reason}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -254,24 +267,11 @@ def cmd_audit(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
-    from .pipeline.tables import STREAMS, Lakehouse, with_downstream
+    from .checkpoint_commands import list_checkpoints, reset_checkpoints
 
-    spark = _spark(config, "checkpoints")
-    lakehouse = Lakehouse(config.lakehouse_root)
     if args.action == "reset":
-        streams = with_downstream(args.stream)
-        checkpoints.reset(spark, lakehouse, streams)
-        names = ", ".join(stream.name for stream in streams)
-        print(f"reset {names}; the next run resumes consistently (gold is rebuilt from silver)")
-        return 0
-    for name, stream in STREAMS.items():
-        state = checkpoints.inspect(spark, lakehouse, stream)
-        versions = ", ".join(f"{table} v{version}" for table, version in state.table_versions.items())
-        print(
-            f"{name:<7} {state.status:<20} last batch {state.last_batch}  sinks: {versions}\n"
-            f"        checkpoint {state.checkpoint} (stream id {state.stream_id})"
-        )
-    return 0
+        return reset_checkpoints(config, args.stream, args.yes, lambda: _spark(config, "checkpoints"))
+    return list_checkpoints(config, args.json, _spark(config, "checkpoints"))
 
 
 def cmd_show(config: Config, args: argparse.Namespace) -> int:
@@ -292,10 +292,15 @@ def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
     broker = LocalKafka(config.kafka_local_home)
     if args.action == "start":
         try:
-            print(broker.start())
+            print(broker.start(secure=args.secure))
         except RuntimeError as error:
             print(f"kafka-local: {error}", file=sys.stderr)
             return 1
+        secure = broker.secure_listeners()
+        if args.secure and secure:
+            from .devtools.kafka_secure import client_instructions
+
+            print(client_instructions(secure))
         return 0
     if args.action == "stop":
         print("stopped" if broker.stop() else "not running")

@@ -37,7 +37,7 @@ def measure(bench: Bench, topic: str, eo: dict[str, dict]) -> None:
     bench.add("exactly_once_s", "exactly-once pipeline, batch time", eo_ms / 1000, "s")
     bench.add("at_least_once_s", "at-least-once variant, batch time", alo_ms / 1000, "s")
     bench.add(
-        "exactly_once_cost", "exactly-once / at-least-once (batch time)", eo_ms / alo_ms, "ratio", Target("<=", 1.3)
+        "exactly_once_cost", "exactly-once / at-least-once (batch time)", eo_ms / alo_ms, "ratio", Target("<=", 1.15)
     )
     bench.add("exactly_once_cost_wall", "exactly-once / at-least-once (wall, with starts)", eo_wall / alo_wall, "ratio")
     bench.details["exactly_once"] = {

@@ -1,15 +1,38 @@
-"""Fixed cost per batch: a one-record batch against a steady-state batch, per layer, in running streams."""
+"""Fixed cost per batch, per layer, in running streams: a one-record batch against a steady-state
+batch, and against the framework floor.
+
+The floor of a layer is its stream's source, as the layer reads it, into Spark's `noop` sink with the
+same trigger, fed one record at a time: the Kafka source with bronze's options and record shaping for
+bronze, a Delta source on a bronze table for silver and on a silver table for gold. The floor runs on
+its own topic and lakehouse (tables made by ``ensure_tables``, rows appended directly), after the
+pipeline's streams have stopped, one stream at a time, so nothing else competes with it.
+"""
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
+import uuid
+from datetime import UTC, datetime
 
 from ..pipeline.config import Config
+from ..pipeline.kafka_io import spark_source_options
 from ..pipeline.streams import start_stream
-from ..pipeline.tables import LAYERS
+from ..pipeline.tables import BRONZE, BRONZE_SCHEMA, LAYERS, SILVER, Lakehouse, ensure_tables
+from ..pipeline.transforms import bronze_records
 from .harness import Bench, ProgressLog, check_running, input_rows, median_durations, say, stop_all
 from .load import produce_one_transaction
 from .report import Target
+from .silver_scaling import silver_rows
+
+# Which floor each layer's one-record batch is compared with: the source it reads.
+FLOOR_OF = {"bronze": "kafka", "silver": "bronze_table", "gold": "silver_table"}
+FLOOR_NAMES = {
+    "kafka": "Kafka source -> noop",
+    "bronze_table": "bronze table (Delta source) -> noop",
+    "silver_table": "silver table (Delta source) -> noop",
+}
 
 
 def wait_settled(bench: Bench, config: Config, queries: dict, bronze_rows: int) -> dict[str, int]:
@@ -80,6 +103,101 @@ def measure(bench: Bench, topic: str) -> None:
             f"{layer}: one-record / steady batch",
             one["triggerExecution"] / full_ms["triggerExecution"],
             "ratio",
-            Target("<=", 0.1),
         )
-    bench.details["fixed_overhead"] = {"trigger": sizes.overhead_trigger, "steady_batch": steady, "layers": results}
+    floors = measure_floors(bench)
+    for name, floor in floors.items():
+        bench.add(f"floor_{name}_ms", f"floor, one record: {FLOOR_NAMES[name]}", floor["median_ms"], "ms")
+    for layer in LAYERS:
+        floor = floors[FLOOR_OF[layer]]["median_ms"]
+        one = results[layer]["one_record_ms"]["triggerExecution"]
+        results[layer]["floor"] = FLOOR_OF[layer]
+        bench.add(f"{layer}_vs_floor", f"{layer}: one-record batch / its floor", one / floor, "ratio", Target("<=", 2))
+    bench.details["fixed_overhead"] = {
+        "trigger": sizes.overhead_trigger,
+        "steady_batch": steady,
+        "layers": results,
+        "floors": floors,
+    }
+
+
+def measure_floors(bench: Bench) -> dict[str, dict]:
+    """Each layer's source into `noop`, running with the fixed-overhead trigger, fed one-record batches."""
+    sizes = bench.sizes
+    topic = bench.create_topic(f"bench-floor-{uuid.uuid4().hex[:8]}")
+    config = bench.phase_config(bench.work / "floor", topic, trigger=sizes.overhead_trigger)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(bench.spark, lakehouse)
+    spark = bench.spark
+    sources = {
+        "kafka": lambda: bronze_records(
+            spark.readStream.format("kafka").options(**spark_source_options(config)).load()
+        ),
+        "bronze_table": lambda: spark.readStream.format("delta").load(lakehouse.table(BRONZE)),
+        "silver_table": lambda: spark.readStream.format("delta").load(lakehouse.table(SILVER)),
+    }
+    feeds = {
+        "kafka": lambda step: produce_one_transaction(config, topic, 1, seed=5000 + step),
+        "bronze_table": lambda step: (
+            _bronze_row(bench, topic, step).write.format("delta").mode("append").save(lakehouse.table(BRONZE))
+        ),
+        "silver_table": lambda step: (
+            silver_rows(bench, topic, step, step + 1, 1)
+            .write.format("delta")
+            .mode("append")
+            .save(lakehouse.table(SILVER))
+        ),
+    }
+    queries = {}
+    try:
+        for name, source in sources.items():
+            queries[name] = (
+                source()
+                .writeStream.format("noop")
+                .option("checkpointLocation", f"{config.lakehouse_root}/checkpoints/floor-{name}")
+                .queryName(f"bench_floor_{name}")
+                .trigger(processingTime=sizes.overhead_trigger)
+                .start()
+            )
+        _wait(bench, queries, lambda: all(query.lastProgress is not None for query in queries.values()), "start")
+        log = ProgressLog(queries)
+        for step in range(sizes.overhead_repeats):
+            for name, feed in feeds.items():
+                step_of = f"{step + 1}/{sizes.overhead_repeats}"
+                say(f"fixed overhead: floor, one record through {FLOOR_NAMES[name]} ({step_of})")
+                log.poll()
+                seen = len(log.batches[name])
+                feed(step)
+
+                def arrived(name=name, seen=seen) -> bool:
+                    log.poll()
+                    return len(log.batches[name]) > seen
+
+                _wait(bench, queries, arrived, name)
+    finally:
+        stop_all(queries.values())
+    floors = {}
+    for name in sources:
+        ran = list(log.batches[name].values())
+        floors[name] = {
+            "median_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in ran),
+            "median_batch_ms": median_durations(ran),
+            "input_rows": [p["numInputRows"] for p in ran],
+        }
+    return floors
+
+
+def _wait(bench: Bench, queries: dict, done, what: str) -> None:
+    deadline = time.monotonic() + bench.sizes.timeout_s
+    while not done():
+        check_running(queries)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fixed overhead: the floor streams did not finish {what} in time")
+        time.sleep(0.1)
+
+
+def _bronze_row(bench: Bench, topic: str, step: int):
+    """One bronze row, as bronze holds a record of ``topic`` at offset ``step``."""
+    now = datetime.now(UTC)
+    value = json.dumps({"event_id": f"bench-floor-{step}", "event_time": now.isoformat()}).encode()
+    row = (b"bench-floor", value, None, topic, 0, step, now, 0, now)
+    return bench.spark.createDataFrame([row], BRONZE_SCHEMA)

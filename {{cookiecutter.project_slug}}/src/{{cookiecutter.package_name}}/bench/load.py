@@ -33,11 +33,14 @@ def produce_one_transaction(config: Config, topic: str, count: int, seed: int) -
     produce(producer, topic, sample_records(count, seed, prefix=f"bench{seed}"), transaction_size=count)
 
 
-def marker(index: int) -> tuple[bytes, bytes]:
-    """A latency marker: an event_type of its own, so one gold commit inserts its row and no other."""
+def marker(index: int, run: str = "") -> tuple[bytes, bytes]:
+    """A latency marker: an event_type of its own, so one gold commit inserts its row and no other.
+
+    ``run`` names the latency run, so runs into the same tables never share a marker.
+    """
     if index < 0:
         raise ValueError(f"marker index must not be negative, got {index}")
-    name = f"{MARKER_PREFIX}{index:06d}"
+    name = f"{MARKER_PREFIX}{run}{index:06d}"
     event = {
         "event_id": name,
         "event_time": datetime.now(UTC).isoformat(),
@@ -49,16 +52,17 @@ def marker(index: int) -> tuple[bytes, bytes]:
 
 
 def paced_records(
-    rate: int, seconds: float, transaction_size: int, marker_every: int, stop: threading.Event
+    rate: int, seconds: float, transaction_size: int, marker_every: int, stop: threading.Event, run: str = ""
 ) -> Iterator[tuple[bytes, bytes | None]]:
-    """Sample records at ``rate``/s for ``seconds``; every ``marker_every``-th transaction ends with a marker."""
+    """Sample records at ``rate``/s for ``seconds``; every ``marker_every``-th transaction ends with a marker
+    of the latency run ``run``."""
     if rate <= 0 or seconds <= 0 or transaction_size <= 0 or marker_every <= 0:
         raise ValueError(
             f"rate, seconds, transaction_size and marker_every must be positive, "
             f"got {rate}, {seconds}, {transaction_size}, {marker_every}"
         )
     total = int(rate * seconds)
-    background = sample_records(total, seed=99, prefix="bench-live")
+    background = sample_records(total, seed=99, prefix=f"bench-live{run}")
     started = time.monotonic()
     markers = 0
     for index in range(total):
@@ -70,7 +74,7 @@ def paced_records(
         position = index + 1
         if position % transaction_size == 0 and (position // transaction_size) % marker_every == 0:
             next(background)  # the marker takes this record's place: the rate stays as asked
-            yield marker(markers)
+            yield marker(markers, run)
             markers += 1
         else:
             yield next(background)

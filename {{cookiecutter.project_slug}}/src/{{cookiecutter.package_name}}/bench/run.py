@@ -2,6 +2,7 @@
 
 Order matters: throughput drains the backlog into the exactly-once lakehouse that the
 exactly-once comparison reuses and that fixed overhead and latency then keep feeding.
+Silver and gold scaling and the fixed-overhead floors build tables of their own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..pipeline.config import Config
-from . import exactly_once, fixed_overhead, latency, recovery, silver_scaling, throughput
+from . import exactly_once, fixed_overhead, gold_scaling, latency, recovery, silver_scaling, throughput
 from .harness import Bench, say
 from .load import produce_backlog
 from .report import METRIC_KEYS, load_average, machine_info, publish
@@ -33,6 +34,7 @@ def warm_up(bench: Bench) -> None:
     config = bench.phase_config(work / "eo", topic)
     produce_backlog(config, topic, records, seed=1)
     throughput.run_noop(bench, config, work / "noop")
+    throughput.run_delta_sink(bench, config, work / "builtin-delta-sink")
     bench.run_layers(config)
     exactly_once.run_at_least_once(bench, work / "alo", topic)
     silver = silver_scaling.build_silver(bench, work / "silver", topic, records, 1)
@@ -77,6 +79,7 @@ def run_bench(
         exactly_once.measure(bench, topic, eo)
         recovery.measure(bench, topic)
         silver_scaling.measure(bench, topic)
+        gold_scaling.measure(bench)
         fixed_overhead.measure(bench, topic)
         latency.measure(bench, topic)
         machine["load_average_end"] = load_average()

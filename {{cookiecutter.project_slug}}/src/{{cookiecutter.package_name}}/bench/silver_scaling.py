@@ -1,7 +1,14 @@
-"""Silver dedup scaling: one silver MERGE batch into a small and into a big silver table.
+"""Silver dedup scaling: one silver MERGE batch into a small and into a big silver table, in two layouts.
 
-The tables are written directly (no Kafka, no streams) in the layout the silver stream leaves:
-one file per batch, offsets increasing. The MERGE is the silver sink's own.
+The tables are created by the pipeline (``ensure_tables``, so silver has the pipeline's own layout)
+and filled directly (no Kafka, no streams) in appends of whole batches, one file per batch (per
+table partition, when the layout partitions silver), offsets increasing. The MERGE is the silver
+sink's own, ``insert_new_kafka_records``.
+
+* even: one topic, records spread evenly over its partitions, every partition's offsets from 0;
+* skewed: two topics; partition 0 of each holds offsets far beyond partition 1's (a long-lived
+  partition whose early records have expired), records arrive unevenly, and the first topic gets
+  a third partition halfway through the history. Every batch spans both topics.
 """
 
 from __future__ import annotations
@@ -18,6 +25,42 @@ from ..pipeline.tables import AMOUNT_TYPE, SILVER, SILVER_SCHEMA, Lakehouse, ens
 from .harness import Bench, say
 from .report import Target
 
+KEYS = ("topic", "partition", "offset")
+
+SKEWED_TOPICS = ("bench-skew-a", "bench-skew-b")
+# (topic, partition, first offset) of every partition of the skewed layout.
+SKEWED_PARTITIONS = (
+    (0, 0, 5_000_000_000),
+    (0, 1, 0),
+    (0, 2, 0),  # added halfway through the history
+    (1, 0, 3_000_000_000),
+    (1, 1, 0),
+)
+# Which of SKEWED_PARTITIONS each tenth of a batch goes to, before and after the third partition exists.
+SKEWED_SLOTS = ((0, 0, 0, 0, 1, 3, 3, 3, 3, 4), (0, 0, 0, 1, 2, 2, 3, 3, 3, 4))
+
+
+def _silver_columns(topic, partition, offset) -> dict:
+    """Silver's columns for Kafka record number ``id``, at ``topic``, ``partition`` and ``offset``."""
+    from pyspark.sql import functions as F
+
+    base = datetime(2024, 1, 1, tzinfo=UTC).timestamp()
+    event_time = (F.lit(base) + F.col("id") / F.lit(100.0)).cast("timestamp")
+    return {
+        "event_id": F.format_string("bench-%012d", F.col("id")),
+        "event_time": event_time,
+        "user_id": F.format_string("user-%03d", F.col("id") % 50),
+        "event_type": F.element_at(
+            F.array(*[F.lit(t) for t in EVENT_TYPES]), (F.col("id") % len(EVENT_TYPES) + 1).cast("int")
+        ),
+        "amount": ((F.col("id") % 100_000) / 100).cast(AMOUNT_TYPE),
+        "topic": topic,
+        "partition": partition.cast("int"),
+        "offset": offset.cast("long"),
+        "kafka_timestamp": event_time,
+        "ingest_time": event_time,
+    }
+
 
 def silver_rows(bench: Bench, topic: str, first: int, end: int, files: int):
     """Silver rows for Kafka records first..end-1: id -> (partition id % P, offset id div P), so a
@@ -27,22 +70,7 @@ def silver_rows(bench: Bench, topic: str, first: int, end: int, files: int):
     if not 0 <= first < end or files <= 0:
         raise ValueError(f"silver_rows needs 0 <= first < end and files > 0, got {first}, {end}, {files}")
     partitions = bench.sizes.partitions
-    base = datetime(2024, 1, 1, tzinfo=UTC).timestamp()
-    event_time = (F.lit(base) + F.col("id") / F.lit(100.0)).cast("timestamp")
-    columns = {
-        "event_id": F.format_string("bench-%012d", F.col("id")),
-        "event_time": event_time,
-        "user_id": F.format_string("user-%03d", F.col("id") % 50),
-        "event_type": F.element_at(
-            F.array(*[F.lit(t) for t in EVENT_TYPES]), (F.col("id") % len(EVENT_TYPES) + 1).cast("int")
-        ),
-        "amount": ((F.col("id") % 100_000) / 100).cast(AMOUNT_TYPE),
-        "topic": F.lit(topic),
-        "partition": (F.col("id") % partitions).cast("int"),
-        "offset": F.expr(f"id div {partitions}").cast("long"),
-        "kafka_timestamp": event_time,
-        "ingest_time": event_time,
-    }
+    columns = _silver_columns(F.lit(topic), F.col("id") % partitions, F.expr(f"id div {partitions}"))
     frame = bench.spark.range(first, end, 1, files)
     return frame.select(*[columns[field.name].alias(field.name) for field in SILVER_SCHEMA.fields])
 
@@ -62,16 +90,70 @@ def build_silver(bench: Bench, root: Path, topic: str, rows: int, commits: int) 
     return path
 
 
+def skewed_rows(bench: Bench, first_batch: int, end_batch: int, added: int, batch_rows: int):
+    """Silver rows of batches first_batch..end_batch-1 of the skewed layout, one file per batch;
+    the third partition of the first topic exists from batch ``added`` on."""
+    from pyspark.sql import functions as F
+
+    if not 0 <= first_batch < end_batch or added < 0 or batch_rows < 10 or batch_rows % 10:
+        raise ValueError(
+            f"skewed_rows needs 0 <= first < end batch, added >= 0 and batch_rows a multiple of 10, "
+            f"got {first_batch}, {end_batch}, {added}, {batch_rows}"
+        )
+
+    def lookup(values, index):
+        return F.element_at(F.array(*[F.lit(v) for v in values]), (index + 1).cast("int"))
+
+    tenth = batch_rows // 10
+    batch = F.expr(f"id div {batch_rows}")
+    slot = F.col("id") % 10
+    group = F.expr(f"(id % {batch_rows}) div 10")  # which tenth-row of the batch: each slot once per group
+    after = batch >= F.lit(added)
+    eras = [list(slots) for slots in SKEWED_SLOTS]
+    partition_of = F.when(after, lookup(eras[1], slot)).otherwise(lookup(eras[0], slot))
+    # Rank of the slot among its partition's slots, and how many slots the partition has, in each era.
+    ranks = [[era[:position].count(era[position]) for position in range(10)] for era in eras]
+    counts = [[era.count(index) for index in range(len(SKEWED_PARTITIONS))] for era in eras]
+    rank = F.when(after, lookup(ranks[1], slot)).otherwise(lookup(ranks[0], slot))
+    in_batch = F.when(after, lookup(counts[1], partition_of)).otherwise(lookup(counts[0], partition_of))
+    before = F.least(batch, F.lit(added)) * lookup(counts[0], partition_of) + F.greatest(
+        batch - F.lit(added), F.lit(0)
+    ) * lookup(counts[1], partition_of)
+    offset = lookup([p[2] for p in SKEWED_PARTITIONS], partition_of) + (before * tenth) + group * in_batch + rank
+    topic = lookup([SKEWED_TOPICS[p[0]] for p in SKEWED_PARTITIONS], partition_of)
+    columns = _silver_columns(topic, lookup([p[1] for p in SKEWED_PARTITIONS], partition_of), offset)
+    frame = bench.spark.range(first_batch * batch_rows, end_batch * batch_rows, 1, end_batch - first_batch)
+    return frame.select(*[columns[field.name].alias(field.name) for field in SILVER_SCHEMA.fields])
+
+
+def build_skewed_silver(bench: Bench, root: Path, batches: int, batch_rows: int, commits: int) -> str:
+    """A silver table of ``batches`` batches of the skewed layout in ``commits`` appends; returns its path."""
+    if batches <= 0 or commits <= 0:
+        raise ValueError(f"build_skewed_silver needs positive batches and commits, got {batches}, {commits}")
+    lakehouse = Lakehouse(str(root))
+    ensure_tables(bench.spark, lakehouse)
+    path = lakehouse.table(SILVER)
+    per_commit = math.ceil(batches / commits)
+    for first in range(0, batches, per_commit):
+        end = min(batches, first + per_commit)
+        skewed_rows(bench, first, end, batches // 2, batch_rows).write.format("delta").mode("append").save(path)
+    return path
+
+
 def time_merge(bench: Bench, path: str, topic: str, first: int, rows: int, app_id: str, batch_id: int) -> dict:
     """One silver-sink MERGE of ``rows`` new records starting at id ``first``: its time and Delta's metrics."""
+    if rows <= 0 or first < 0:
+        raise ValueError(f"time_merge needs rows > 0 and first >= 0, got {rows}, {first}")
+    return time_merge_of(bench, path, silver_rows(bench, topic, first, first + rows, 1), app_id, batch_id)
+
+
+def time_merge_of(bench: Bench, path: str, batch, app_id: str, batch_id: int) -> dict:
+    """One silver-sink MERGE of the silver rows ``batch``: its time and Delta's metrics."""
     from delta.tables import DeltaTable
 
-    if rows <= 0 or first < 0 or batch_id < 0 or not app_id:
-        raise ValueError(
-            f"time_merge needs rows > 0, first >= 0, batch_id >= 0 and an app id, "
-            f"got {rows}, {first}, {batch_id}, {app_id!r}"
-        )
-    batch = silver_rows(bench, topic, first, first + rows, 1).persist()
+    if batch_id < 0 or not app_id:
+        raise ValueError(f"time_merge needs batch_id >= 0 and an app id, got {batch_id}, {app_id!r}")
+    batch = batch.persist()
     try:
         batch.count()  # materialised first: the timing is the MERGE's, not the batch's generation
         ranges = kafka_key_ranges(batch)
@@ -83,69 +165,140 @@ def time_merge(bench: Bench, path: str, topic: str, first: int, rows: int, app_i
         batch.unpersist()
     history = DeltaTable.forPath(bench.spark, path).history(1).first()
     metrics = {key: int(value) for key, value in (history["operationMetrics"] or {}).items() if value.isdigit()}
-    return {"seconds": seconds, "operation": history["operation"], "operation_metrics": metrics, **files}
+    return {
+        "seconds": seconds,
+        "operation": history["operation"],
+        "operation_metrics": metrics,
+        "batch_partitions": len(ranges),
+        **files,
+    }
 
 
 def _files_in_ranges(bench: Bench, path: str, ranges) -> dict[str, int]:
-    """Target files before the MERGE, and those whose offset statistics overlap the batch's ranges:
-    the files data skipping must keep. (Delta 4.0's history does not report its own skipping counts.)"""
+    """Target files before the MERGE, and those whose (topic, partition, offset) bounds overlap the
+    batch's ranges: the files data skipping must keep. A column the table is partitioned by has its
+    value in the file's partition values, the others their bounds in its statistics. (Delta's history
+    does not report its own skipping counts.)"""
     from pyspark.sql import functions as F
 
-    stats = (
-        bench.spark.read.json(f"{path}/_delta_log/*.json")
-        .where(F.col("add").isNotNull())
-        .select(
-            *[
-                F.get_json_object("add.stats", f"$.{bound}.{column}").cast("long").alias(f"{bound}_{column}")
-                for bound in ("minValues", "maxValues")
-                for column in ("partition", "offset")
-            ]
+    log = bench.spark.read.text(f"{path}/_delta_log/*.json")
+    stats = F.get_json_object("value", "$.add.stats")
+
+    def bound(kind: str, column: str):
+        value = F.coalesce(
+            F.get_json_object("value", f"$.add.partitionValues.{column}"),
+            F.get_json_object(stats, f"$.{kind}.{column}"),
         )
+        return value if column == "topic" else value.cast("long")
+
+    files = log.where(F.get_json_object("value", "$.add.path").isNotNull()).select(
+        *[bound(kind, column).alias(f"{kind}_{column}") for kind in ("minValues", "maxValues") for column in KEYS]
     )
     overlap = F.lit(False)
     for r in ranges:
         overlap = overlap | (
-            (F.col("minValues_partition") <= r.partition)
+            (F.col("minValues_topic") <= r.topic)
+            & (F.col("maxValues_topic") >= r.topic)
+            & (F.col("minValues_partition") <= r.partition)
             & (F.col("maxValues_partition") >= r.partition)
             & (F.col("minValues_offset") <= r.last_offset)
             & (F.col("maxValues_offset") >= r.first_offset)
         )
-    counts = stats.agg(F.count(F.lit(1)).alias("files"), F.sum(overlap.cast("int")).alias("kept")).first()
+    # A file without statistics cannot be skipped.
+    kept = F.coalesce(overlap, F.lit(True))
+    counts = files.agg(F.count(F.lit(1)).alias("files"), F.sum(kept.cast("int")).alias("kept")).first()
     return {"target_files": counts.files, "target_files_overlapping_batch": counts.kept or 0}
 
 
-def measure(bench: Bench, topic: str) -> None:
-    from delta.tables import DeltaTable
+def skewed_batch_rows(bench: Bench) -> int:
+    """The skewed layout's batch size: the silver batch, to a multiple of 10."""
+    return max(10, bench.sizes.silver_batch // 10 * 10)
 
+
+def measure(bench: Bench, topic: str) -> None:
     sizes = bench.sizes
-    tables = {}
+    batch_rows = skewed_batch_rows(bench)
+    tables: dict[str, dict[str, dict]] = {"even": {}, "skewed": {}}
     for label, rows in (("small", sizes.silver_small_table), ("big", sizes.silver_big_table)):
+        batches = math.ceil(rows / sizes.silver_batch)
+        commits = max(1, min(sizes.silver_table_commits, batches))
         say(f"silver scaling: building a {rows:,}-row silver table")
         started = time.perf_counter()
-        commits = max(1, min(sizes.silver_table_commits, math.ceil(rows / sizes.silver_batch)))
         path = build_silver(bench, bench.work / f"silver-{label}", topic, rows, commits)
-        tables[label] = {"path": path, "rows": rows, "next": rows, "build_s": time.perf_counter() - started}
-    runs: dict[str, list[dict]] = {"small": [], "big": []}
+        tables["even"][label] = {"path": path, "rows": rows, "next": rows, "build_s": time.perf_counter() - started}
+        batches = math.ceil(rows / batch_rows)
+        say(f"silver scaling: building a {batches * batch_rows:,}-row silver table, skewed partitions, two topics")
+        started = time.perf_counter()
+        path = build_skewed_silver(bench, bench.work / f"silver-skewed-{label}", batches, batch_rows, commits)
+        tables["skewed"][label] = {
+            "path": path,
+            "rows": batches * batch_rows,
+            "next_batch": batches,
+            "partition_added_at_batch": batches // 2,
+            "build_s": time.perf_counter() - started,
+        }
+    runs: dict[str, dict[str, list[dict]]] = {layout: {"small": [], "big": []} for layout in tables}
     for repeat in range(sizes.merge_repeats):
+        step = f"{repeat + 1}/{sizes.merge_repeats}"
         for label in ("small", "big"):  # interleaved, so drift on a shared machine hits both alike
-            table = tables[label]
-            step = f"{repeat + 1}/{sizes.merge_repeats}"
+            table = tables["even"][label]
             say(f"silver scaling: MERGE {sizes.silver_batch:,} rows into the {label} table ({step})")
             run = time_merge(bench, table["path"], topic, table["next"], sizes.silver_batch, f"bench-{label}", repeat)
             table["next"] += sizes.silver_batch
-            runs[label].append(run)
-    small = statistics.median(run["seconds"] for run in runs["small"])
-    big = statistics.median(run["seconds"] for run in runs["big"])
+            runs["even"][label].append(run)
+        for label in ("small", "big"):
+            table = tables["skewed"][label]
+            say(f"silver scaling: MERGE {batch_rows:,} rows, two topics, into the skewed {label} table ({step})")
+            first, added = table["next_batch"], table["partition_added_at_batch"]
+            rows = skewed_rows(bench, first, first + 1, added, batch_rows)
+            runs["skewed"][label].append(time_merge_of(bench, table["path"], rows, f"bench-skewed-{label}", repeat))
+            table["next_batch"] += 1
+    medians = {
+        layout: {label: statistics.median(run["seconds"] for run in by_label[label]) for label in by_label}
+        for layout, by_label in runs.items()
+    }
+    small, big = medians["even"]["small"], medians["even"]["big"]
     batch = f"silver MERGE {sizes.silver_batch:,} rows into"
     bench.add("silver_merge_small_s", f"{batch} {sizes.silver_small_table:,}", small, "s")
     bench.add("silver_merge_big_s", f"{batch} {sizes.silver_big_table:,}", big, "s")
     bench.add("silver_merge_scaling", "big-table MERGE / small-table MERGE", big / small, "ratio", Target("<=", 1.5))
-    for table in tables.values():
-        detail = DeltaTable.forPath(bench.spark, table["path"]).detail().first()
-        table["files"] = detail["numFiles"]
-        table["bytes"] = detail["sizeInBytes"]
+    small, big = medians["skewed"]["small"], medians["skewed"]["big"]
+    skewed = tables["skewed"]
+    batch = f"skewed, 2 topics: MERGE {batch_rows:,} rows into"
+    bench.add("silver_skewed_merge_small_s", f"{batch} {skewed['small']['rows']:,}", small, "s")
+    bench.add("silver_skewed_merge_big_s", f"{batch} {skewed['big']['rows']:,}", big, "s")
+    bench.add(
+        "silver_skewed_merge_scaling",
+        "skewed, 2 topics: big-table / small-table MERGE",
+        big / small,
+        "ratio",
+        Target("<=", 1.5),
+    )
+    _describe(bench, tables)
     bench.details["silver_scaling"] = {
         "batch_rows": sizes.silver_batch,
-        "tables": {label: {k: v for k, v in table.items() if k != "path"} for label, table in tables.items()},
-        "merges": runs,
+        "tables": {label: _public(table) for label, table in tables["even"].items()},
+        "merges": runs["even"],
     }
+    bench.details["silver_scaling_skewed"] = {
+        "batch_rows": batch_rows,
+        "topics": list(SKEWED_TOPICS),
+        "partitions": [{"topic": SKEWED_TOPICS[t], "partition": p, "first_offset": o} for t, p, o in SKEWED_PARTITIONS],
+        "tables": {label: _public(table) for label, table in skewed.items()},
+        "merges": runs["skewed"],
+    }
+
+
+def _describe(bench: Bench, tables: dict[str, dict[str, dict]]) -> None:
+    from delta.tables import DeltaTable
+
+    for by_label in tables.values():
+        for table in by_label.values():
+            detail = DeltaTable.forPath(bench.spark, table["path"]).detail().first()
+            table["files"] = detail["numFiles"]
+            table["bytes"] = detail["sizeInBytes"]
+            table["partition_columns"] = list(detail["partitionColumns"])
+
+
+def _public(table: dict) -> dict:
+    return {key: value for key, value in table.items() if key != "path"}

@@ -19,6 +19,10 @@ class Sizes:
     silver_small_table: int
     silver_big_table: int
     silver_table_commits: int  # appends used to build the big table
+    gold_small_windows: int  # gold MERGE scaling: windows in the small and in the big gold table
+    gold_big_windows: int
+    gold_batch_windows: int  # windows one gold MERGE batch touches (half already in the table, half new)
+    gold_table_commits: int  # appends used to build the big gold table
     merge_repeats: int
     steady_batch: int | None  # fixed-overhead steady-state batch (default: the bronze batch size)
     overhead_repeats: int
@@ -26,6 +30,7 @@ class Sizes:
     latency_rate: int  # records/s produced while latency is measured
     latency_seconds: float
     latency_trigger: str | None  # default: pipeline.trigger_interval
+    latency_fast_trigger: str  # the second latency run, at the fastest setting
     marker_every_s: float
     kill_fraction: float  # recovery kills the drain this far into the undisturbed drain time
     # Recovery in new processes (SIGKILL, cold JVM on restart) or in this one (query.stop(), warm JVM).
@@ -40,6 +45,10 @@ class Sizes:
             "silver_small_table",
             "silver_big_table",
             "silver_table_commits",
+            "gold_small_windows",
+            "gold_big_windows",
+            "gold_batch_windows",
+            "gold_table_commits",
             "merge_repeats",
             "overhead_repeats",
             "latency_rate",
@@ -58,7 +67,9 @@ class Sizes:
             raise ValueError(f"Sizes.warmup_records must not be negative, got {self.warmup_records!r}")
         if not 0.0 < self.kill_fraction < 1.0:
             raise ValueError(f"Sizes.kill_fraction must be between 0 and 1, got {self.kill_fraction!r}")
-        for name in ("overhead_trigger", "latency_trigger"):
+        if self.gold_batch_windows < 2:
+            raise ValueError(f"Sizes.gold_batch_windows must be at least 2, got {self.gold_batch_windows!r}")
+        for name in ("overhead_trigger", "latency_trigger", "latency_fast_trigger"):
             value = getattr(self, name)
             if value is not None:
                 duration_seconds(value, f"Sizes.{name}")
@@ -73,6 +84,10 @@ DEFAULT_SIZES = Sizes(
     silver_small_table=100_000,
     silver_big_table=10_000_000,
     silver_table_commits=10,
+    gold_small_windows=1_000,
+    gold_big_windows=1_000_000,
+    gold_batch_windows=10,
+    gold_table_commits=10,
     merge_repeats=3,
     steady_batch=None,
     overhead_repeats=3,
@@ -80,6 +95,7 @@ DEFAULT_SIZES = Sizes(
     latency_rate=2_000,
     latency_seconds=60.0,
     latency_trigger=None,
+    latency_fast_trigger="1 second",
     marker_every_s=1.0,
     kill_fraction=0.5,
 )
@@ -92,6 +108,10 @@ QUICK_SIZES = Sizes(
     silver_small_table=100_000,
     silver_big_table=1_000_000,
     silver_table_commits=2,
+    gold_small_windows=200,
+    gold_big_windows=20_000,
+    gold_batch_windows=10,
+    gold_table_commits=2,
     merge_repeats=2,
     steady_batch=None,
     overhead_repeats=2,
@@ -99,6 +119,7 @@ QUICK_SIZES = Sizes(
     latency_rate=500,
     latency_seconds=15.0,
     latency_trigger="2 seconds",
+    latency_fast_trigger="1 second",
     marker_every_s=0.5,
     kill_fraction=0.5,
     recovery_in_process=True,

@@ -1,4 +1,5 @@
-"""Throughput: the source ceiling (Spark Kafka source into `noop`), a plain consumer, and each layer's rate."""
+"""Throughput: the source ceiling (Spark Kafka source into `noop`), Spark's built-in Delta sink, a plain
+consumer, and each layer's rate."""
 
 from __future__ import annotations
 
@@ -17,16 +18,31 @@ def run_noop(bench: Bench, config: Config, checkpoint: Path) -> dict:
     """Bronze's source and record shaping into the `noop` sink: everything bronze does but the Delta write."""
     if not str(checkpoint):
         raise ValueError("run_noop needs a checkpoint directory")
+    return _run_source_into(bench, config, "noop", "bench_source_noop", Path(checkpoint), None)
+
+
+def run_delta_sink(bench: Bench, config: Config, root: Path) -> dict:
+    """What a user would write instead of bronze: the same source, record shaping and batch size into
+    Spark's built-in Delta sink (``writeStream.format("delta")``), availableNow, table and checkpoint under ``root``."""
+    if not str(root):
+        raise ValueError("run_delta_sink needs a directory")
+    root = Path(root)
+    return _run_source_into(bench, config, "delta", "bench_builtin_delta_sink", root / "checkpoint", root / "table")
+
+
+def _run_source_into(
+    bench: Bench, config: Config, sink_format: str, name: str, checkpoint: Path, table: Path | None
+) -> dict:
     kafka_rows = bench.spark.readStream.format("kafka").options(**spark_source_options(config)).load()
     started = time.perf_counter()
-    query = (
+    writer = (
         bronze_records(kafka_rows)
-        .writeStream.format("noop")
+        .writeStream.format(sink_format)
         .option("checkpointLocation", str(checkpoint))
-        .queryName("bench_source_noop")
+        .queryName(name)
         .trigger(availableNow=True)
-        .start()
     )
+    query = writer.start(str(table)) if table is not None else writer.start()
     await_query(query, bench.sizes.timeout_s)
     return {"wall_s": time.perf_counter() - started, "progress": progress_of(query)}
 
@@ -85,11 +101,13 @@ def measure(bench: Bench, topic: str) -> dict[str, dict]:
     eo = bench.run_layers(config)
     # Twice, around the pipeline run, and the faster one kept: a ceiling is what the
     # source can do, not what one run on a noisy machine did.
+    say("throughput: the same source into Spark's built-in Delta sink (availableNow)")
+    delta_sink = run_delta_sink(bench, config, bench.work / "builtin-delta-sink")
     say("throughput: the Spark Kafka source -> noop again")
     noops.append(run_noop(bench, config, bench.work / "noop-checkpoint-2"))
     noop = max(noops, key=lambda run: rate(*rows_and_ms(run["progress"])))
 
-    rates = {"source": rate(*rows_and_ms(noop["progress"]))}
+    rates = {"source": rate(*rows_and_ms(noop["progress"])), "delta_sink": rate(*rows_and_ms(delta_sink["progress"]))}
     for layer, run in eo.items():
         rates[layer] = rate(run["rows"], rows_and_ms(run["progress"])[1])
     plain_rps = plain["records"] / plain["seconds"]
@@ -99,6 +117,14 @@ def measure(bench: Bench, topic: str) -> dict[str, dict]:
     bench.add(
         "bronze_vs_source", "bronze / source ceiling", rates["bronze"] / rates["source"], "ratio", Target(">=", 0.7)
     )
+    bench.add("delta_sink_rps", "Kafka -> Delta, Spark's built-in sink", rates["delta_sink"], "records/s")
+    bench.add(
+        "bronze_vs_delta_sink",
+        "bronze / built-in Delta sink",
+        rates["bronze"] / rates["delta_sink"],
+        "ratio",
+        Target(">=", 1.0),
+    )
     bench.add("silver_rps", "bronze -> silver + quarantine", rates["silver"], "records/s")
     bench.add("gold_rps", "silver -> gold", rates["gold"], "records/s")
     bench.details["throughput"] = {
@@ -106,6 +132,7 @@ def measure(bench: Bench, topic: str) -> dict[str, dict]:
         "plain_consumer": plain,
         "noop": summary(noop),
         "noop_runs_rows_per_s": [rate(*rows_and_ms(run["progress"])) for run in noops],
+        "builtin_delta_sink": summary(delta_sink),
         "exactly_once": {layer: summary(run) for layer, run in eo.items()},
     }
     return eo

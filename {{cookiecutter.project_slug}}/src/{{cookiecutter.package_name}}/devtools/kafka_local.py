@@ -3,6 +3,7 @@
 Jars come from Maven Central via the Ivy jar that pyspark ships: no Docker, no Kafka install.
 
     <console script> kafka-local start    # prints the bootstrap address
+    <console script> kafka-local start --secure   # adds a SASL_SSL and a mutual-TLS listener
     <console script> kafka-local status   # exit code 1 when not running
     <console script> kafka-local stop
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+
+from . import kafka_secure
 
 KAFKA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
@@ -169,6 +172,7 @@ class LocalKafka:
         self.data_dir = self.home / "data"
         self.log_path = self.home / "logs" / "broker.log"
         self.state_path = self.home / "broker.json"
+        self.secure = kafka_secure.secure_files(self.home / "secure")
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -181,20 +185,51 @@ class LocalKafka:
         pid = state.get("pid")
         if not pid or not self._is_our_broker(pid):
             return None
-        return {"pid": pid, "bootstrap": state["bootstrap"], "home": str(self.home)}
+        secure = {"secure": state["secure"]} if state.get("secure") else {}
+        return {"pid": pid, "bootstrap": state["bootstrap"], "home": str(self.home), **secure}
 
-    def start(self, timeout: float = 90.0) -> str:
-        running = self.bootstrap_servers
+    def secure_listeners(self) -> dict | None:
+        """What a client of the running secure broker needs: bootstraps and file paths, no secret.
+
+        Example::
+
+            print(LocalKafka(Path(".kafka-local")).secure_listeners()["sasl_ssl"])
+        """
+        status = self.status()
+        return status.get("secure") if status else None
+
+    def start(self, timeout: float = 90.0, secure: bool = False) -> str:
+        """Start (or find running) the broker; return its plaintext bootstrap address.
+
+        With ``secure`` it also listens with SASL_SSL (PLAIN, SCRAM-SHA-256/512) and with
+        TLS that requires a client certificate; see ``secure_listeners()``.
+
+        Example::
+
+            bootstrap = LocalKafka(Path(".kafka-local")).start(secure=True)
+        """
+        if not isinstance(secure, bool):
+            raise TypeError(f"secure must be a bool, not {type(secure).__name__}")
+        running = self.status()
         if running:
-            return running
+            if secure and not running.get("secure"):
+                raise RuntimeError(f"the broker in {self.home} runs without --secure; stop it first")
+            return running["bootstrap"]
         jars = resolve_broker_jars()
         state = self._read_state()
-        port, controller_port = _pick_ports([state.get("port"), state.get("controller_port")])
+        previous = [state.get("port"), state.get("controller_port")]
+        if secure:
+            previous += [state.get("sasl_ssl_port"), state.get("mtls_port")]
+        port, controller_port, *secure_ports = _pick_ports(previous)
         bootstrap = f"127.0.0.1:{port}"
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._write_config(port, controller_port)
+        secure_state = None
+        if secure:
+            kafka_secure.create_certificates(self.secure.directory)
+            secure_state = kafka_secure.client_state(self.secure, *secure_ports)
+        self._write_config(port, controller_port, secure_ports)
         self.log4j_path.write_text(_LOG4J2_PROPERTIES)
         classpath = os.pathsep.join(str(jar) for jar in jars)
         jvm = [_java(), *_JVM_OPTS, f"-Dlog4j2.configurationFile={self.log4j_path.as_uri()}", "-cp", classpath]
@@ -214,14 +249,26 @@ class LocalKafka:
                 cwd=self.home,
                 start_new_session=True,
             )
+        ports = dict(zip(("sasl_ssl_port", "mtls_port"), secure_ports, strict=False))  # empty unless secure
         self._write_state(
             pid=proc.pid,
             port=port,
             controller_port=controller_port,
             bootstrap=bootstrap,
             cluster_id=self._cluster_id(),
+            secure=secure_state,
+            **ports,
         )
-        self._wait_ready(proc, bootstrap, time.monotonic() + timeout, log_offset)
+        deadline = time.monotonic() + timeout
+        self._wait_ready(proc, {"bootstrap.servers": bootstrap}, deadline, log_offset)
+        if secure_state:
+            try:
+                login = kafka_secure.create_scram_users(bootstrap, self.secure)
+            except Exception:
+                self.stop()
+                raise
+            # The user reaches the listener through the metadata log: wait until it logs in.
+            self._wait_ready(proc, {"bootstrap.servers": secure_state["sasl_ssl"], **login}, deadline, log_offset)
         return bootstrap
 
     def stop(self, timeout: float = 30.0) -> bool:
@@ -240,14 +287,18 @@ class LocalKafka:
         self._proc = None
         return was_running
 
-    def _write_config(self, port: int, controller_port: int) -> None:
+    def _write_config(self, port: int, controller_port: int, secure_ports: list[int]) -> None:
+        listeners = {"PLAINTEXT": port}
+        if secure_ports:
+            listeners.update(zip(("SASL_SSL", "MTLS"), secure_ports, strict=True))
+        advertised = ",".join(f"{name}://127.0.0.1:{number}" for name, number in listeners.items())
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listeners": f"{advertised},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": advertised,
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir),
@@ -266,7 +317,11 @@ class LocalKafka:
             # Topics are created explicitly, so a typo fails instead of silently creating one.
             "auto.create.topics.enable": "false",
         }
-        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        if secure_ports:
+            settings.update(kafka_secure.broker_settings(self.secure))
+        # Owner-only: a secure broker's config holds its keystore password and the PLAIN user.
+        text = "".join(f"{key}={value}\n" for key, value in settings.items())
+        kafka_secure.write_owner_only(self.config_path, text.encode())
 
     def _format_storage(self, jvm: list[str]) -> None:
         # A static controller.quorum.voters: Kafka 4 formats it as is, and refuses --standalone
@@ -282,10 +337,11 @@ class LocalKafka:
         lines = (self.data_dir / "meta.properties").read_text().splitlines()
         return next((line.partition("=")[2] for line in lines if line.startswith("cluster.id=")), None)
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], bootstrap: str, deadline: float, log_offset: int) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], client: dict, deadline: float, log_offset: int) -> None:
         # A short reconnect backoff notices the listener quickly; log_level 0 hides the
         # "connection refused" noise librdkafka prints while the JVM is still booting.
-        admin = AdminClient({"bootstrap.servers": bootstrap, "reconnect.backoff.max.ms": 500, "log_level": 0})
+        admin = AdminClient({**client, "reconnect.backoff.max.ms": 500, "log_level": 0})
+        bootstrap = client["bootstrap.servers"]
         while proc.poll() is None:
             try:
                 if admin.list_topics(timeout=1).brokers:

@@ -13,9 +13,35 @@ sink table (table property ``lakehouse.stream.<stream>.id``) and uses it as the
 * checkpoint and table disagree, or a checkpoint with batches but a sink table
   that has no record of it -> refuse: the checkpoint was swapped or the table
   replaced, and resuming would skip or double records.
+* an empty or truncated ``metadata`` file -> refuse, naming the file.
+
+Then progress is compared. Each sink table records, in Delta's set
+transactions, the last batch id it committed for the stream id (the txn). The
+checkpoint has its last planned batch (offset log) and last committed batch
+(commit log). Consistent: txn = last committed; txn = last planned (Delta
+committed, the commit log not yet: Spark replays the batch and Delta skips
+it); no txn and no batches; and, for sinks a batch may leave alone (silver's
+two tables skip a batch with nothing for them, gold an empty batch), any txn
+below that. Refused, with the way out:
+
+* txn > last planned: the checkpoint is older than the table (restored from a
+  copy, or ``offsets/`` and ``commits/`` deleted). Spark would re-plan batch ids
+  the table has already recorded, with other boundaries, and Delta would skip
+  them: records lost in bronze and silver, windows skipped or doubled in gold.
+* txn < last committed on a sink written by every batch (bronze): the table is
+  older than the checkpoint (an older copy put back).
+* a RESTORE in the table's history that took it back past commits of the
+  stream. RESTORE brings files back but not set transactions, so the txn alone
+  cannot see it: the txn before the RESTORE is compared with the txn of the
+  version it restored to. Only history since the stream's last tagged commit
+  (less a clock margin) is read, so this stays cheap on a long history; a
+  RESTORE older than that, run while the stream kept writing, is not seen.
+* ``delta.setTransactionRetentionDuration`` set on a sink: Delta would forget the
+  txns and a late replay would be written twice.
 
 Checkpoint files are reached through Hadoop's FileSystem so the same code works
-for local paths, HDFS and object stores.
+for local paths, HDFS and object stores. One process per stream is enforced by
+a lease beside the checkpoint (lease.py).
 """
 
 from __future__ import annotations
@@ -23,17 +49,40 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from enum import Enum
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from .tables import Lakehouse, Stream, table_exists, table_has_rows
+from .sink_progress import IDENTITY_PROPERTY, TXN_RETENTION_PROPERTY, SinkProgress, read_sink_progress
+from .tables import BRONZE, Lakehouse, Stream, table_exists
 
-IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
+COMMAND = "{{ cookiecutter.project_slug }}"
+# Sinks written by every batch of their stream, even an empty one (bronze appends
+# an empty batch too: Delta commits it with its txn). Their txn must reach the
+# last committed batch; the other sinks skip batches with nothing for them, so a
+# txn behind the checkpoint is normal there and proves nothing.
+EVERY_BATCH_SINKS = frozenset({BRONZE})
 
 
 class CheckpointError(RuntimeError):
     """A stream cannot start safely from the checkpoint and tables it found."""
+
+
+class Status(Enum):
+    """How a stream's checkpoint and its sink tables relate; only the first three may start as they are."""
+
+    NEW = "new"
+    OK = "ok"
+    # Delta committed the last planned batch, Spark's commit log not yet: Spark
+    # replays it and Delta skips it (the txn is there).
+    REPLAY_PENDING = "ok (replays batch)"
+    LOST = "lost (sink has rows)"
+    MISMATCH = "mismatch"
+    TABLE_AHEAD = "table ahead"
+    TABLE_BEHIND = "table behind"
+    TABLE_RESTORED = "table restored"
+    TXN_RETENTION_SET = "txn retention set"
 
 
 @dataclass(frozen=True)
@@ -41,44 +90,138 @@ class StreamState:
     stream: str
     checkpoint: str
     stream_id: str | None
-    last_batch: int | None
-    tables: dict[str, str]
-    recorded_ids: dict[str, str | None]
-    table_versions: dict[str, int | None]
-    has_rows: dict[str, bool]
+    last_planned: int | None  # newest offset-log entry: the batch Spark runs or replays next
+    last_committed: int | None  # newest commit-log entry
+    sinks: dict[str, SinkProgress]
 
     @property
-    def status(self) -> str:
+    def last_batch(self) -> int | None:
+        return self.last_committed
+
+    @property
+    def tables(self) -> dict[str, str]:
+        return {name: sink.path for name, sink in self.sinks.items()}
+
+    @property
+    def recorded_ids(self) -> dict[str, str | None]:
+        return {name: sink.recorded_id for name, sink in self.sinks.items()}
+
+    @property
+    def table_versions(self) -> dict[str, int | None]:
+        return {name: sink.version for name, sink in self.sinks.items()}
+
+    @property
+    def has_rows(self) -> dict[str, bool]:
+        return {name: bool(sink.has_rows) for name, sink in self.sinks.items()}
+
+    @property
+    def status(self) -> Status:
+        return self._diagnosis()[0]
+
+    def refusal(self) -> str | None:
+        """Why the stream must not start as it is, with the way out; None when it may."""
+        return self._diagnosis()[1]
+
+    def _diagnosis(self) -> tuple[Status, str | None]:
+        stream, found = self.stream, f"checkpoint {self.checkpoint}"
+        progress = f"last planned batch {self.last_planned}, last committed batch {self.last_committed}"
         if self.stream_id is None:
-            return "lost (sink has rows)" if any(self.has_rows.values()) else "new"
-        if any(recorded not in (None, self.stream_id) for recorded in self.recorded_ids.values()):
-            return "mismatch"
-        if self.last_batch is not None and any(recorded is None for recorded in self.recorded_ids.values()):
-            return "mismatch"
-        return "ok"
+            return (Status.LOST if any(self.has_rows.values()) else Status.NEW), None
+        recorded = self.recorded_ids
+        if any(value not in (None, self.stream_id) for value in recorded.values()) or (
+            self.last_committed is not None and any(value is None for value in recorded.values())
+        ):
+            return Status.MISMATCH, (
+                f"{stream}: {found} (stream id {self.stream_id}, last batch {self.last_committed}) does not "
+                f"match the tables it writes (recorded ids {recorded}): the checkpoint was swapped or a table "
+                f"replaced, and resuming would skip or repeat records. Way out: {reset_command(stream)}."
+            )
+        for sink in self.sinks.values():
+            if sink.txn_retention is not None:
+                return Status.TXN_RETENTION_SET, (
+                    f"{stream}: sink table {sink.table} at {sink.path} sets {TXN_RETENTION_PROPERTY} = "
+                    f"{sink.txn_retention}: Delta then forgets the (stream id, batch id) records that make a "
+                    f"replayed batch a no-op, and a replay older than that is written twice. Way out: run "
+                    f"ALTER TABLE delta.`{sink.path}` UNSET TBLPROPERTIES ('{TXN_RETENTION_PROPERTY}') "
+                    f"(spark-sql or spark.sql), then start again."
+                )
+        for sink in self.sinks.values():
+            if sink.undone_by is not None:
+                undo = sink.undone_by
+                first = 0 if undo.after is None else undo.after + 1
+                return Status.TABLE_RESTORED, (
+                    f"{stream}: sink table {sink.table} at {sink.path} was restored (RESTORE at table version "
+                    f"{undo.at_version} to version {undo.to_version}), undoing its commits of batches "
+                    f"{first}..{undo.before} of stream {self.stream_id}, while {found} has them committed "
+                    f"({progress}): resuming would never write them again. Way out: "
+                    f"{reset_command(stream)}: {_rebuilds(stream)}."
+                )
+        for sink in self.sinks.values():
+            if sink.txn_batch is not None and (self.last_planned is None or sink.txn_batch > self.last_planned):
+                return Status.TABLE_AHEAD, (
+                    f"{stream}: sink table {sink.table} at {sink.path} has committed batch {sink.txn_batch} of "
+                    f"stream {self.stream_id}, but {found} is behind it ({progress}): the checkpoint is older "
+                    f"than the table (restored from an older copy, or offsets/ and commits/ deleted). Spark "
+                    f"would re-plan those batch ids with other boundaries and Delta would skip them as already "
+                    f"written. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                )
+        for sink in self.sinks.values():
+            if sink.table not in EVERY_BATCH_SINKS or self.last_committed is None:
+                continue
+            if sink.txn_batch is None or sink.txn_batch < self.last_committed:
+                return Status.TABLE_BEHIND, (
+                    f"{stream}: sink table {sink.table} at {sink.path} has committed only batch "
+                    f"{sink.txn_batch} of stream {self.stream_id}, but {found} has more ({progress}): the table "
+                    f"is older than the checkpoint (replaced by an older copy), and resuming would never write "
+                    f"the missing batches. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                )
+        planned_written = any(sink.txn_batch == self.last_planned for sink in self.sinks.values())
+        if self.last_planned is not None and self.last_planned != self.last_committed and planned_written:
+            return Status.REPLAY_PENDING, None
+        return (Status.OK if self.last_planned is not None or self.last_committed is not None else Status.NEW), None
+
+
+def reset_command(stream: str) -> str:
+    """The exact command that resets ``stream`` and everything downstream of it.
+
+    Example::
+
+        reset_command("gold")  # "`<slug> checkpoints reset gold` (asks first; `--yes` ...)"
+    """
+    if not stream:
+        raise ValueError("stream must be a stream name, e.g. 'gold'")
+    return f"`{COMMAND} checkpoints reset {stream}` (it asks first; add `--yes` when not on a terminal)"
+
+
+def _rebuilds(stream: str) -> str:
+    return {
+        "bronze": "bronze resumes after the Kafka offsets it already holds, silver re-reads bronze keeping "
+        "each record once, gold is rebuilt from silver",
+        "silver": "silver re-reads bronze keeping each record once, gold is rebuilt from silver",
+        "gold": "gold is emptied and rebuilt from silver",
+    }.get(stream, "the stream and everything downstream start over consistently")
 
 
 def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> StreamState:
+    """Where the stream's checkpoint and each of its sink tables stand, without changing either.
+
+    Example::
+
+        state = inspect(spark, Lakehouse("/data/lake"), STREAMS["silver"])
+        print(state.status.value, state.last_committed, state.refusal())
+    """
     checkpoint = lakehouse.checkpoint(stream.name)
-    tables = {name: lakehouse.table(name) for name in stream.sinks}
-    recorded, versions, rows = {}, {}, {}
-    for name, path in tables.items():
-        if table_exists(spark, path):
-            delta = DeltaTable.forPath(spark, path)
-            recorded[name] = delta.detail().first()["properties"].get(IDENTITY_PROPERTY % stream.name)
-            versions[name] = delta.history(1).first()["version"]
-            rows[name] = table_has_rows(spark, path)
-        else:
-            recorded[name], versions[name], rows[name] = None, None, False
+    stream_id = read_stream_id(spark, checkpoint, stream.name)
+    sinks = {
+        name: read_sink_progress(spark, name, lakehouse.table(name), stream.name, stream_id) for name in stream.sinks
+    }
     return StreamState(
         stream=stream.name,
         checkpoint=checkpoint,
-        stream_id=read_stream_id(spark, checkpoint),
-        last_batch=last_committed_batch(spark, checkpoint),
-        tables=tables,
-        recorded_ids=recorded,
-        table_versions=versions,
-        has_rows=rows,
+        stream_id=stream_id,
+        last_planned=last_planned_batch(spark, checkpoint),
+        last_committed=last_committed_batch(spark, checkpoint),
+        sinks=sinks,
     )
 
 
@@ -90,21 +233,26 @@ class Prepared:
 
 
 def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepared:
-    """Check the stream's checkpoint against its tables and bind them before a start."""
+    """Check the stream's checkpoint against its tables and bind them before a start.
+
+    Raises CheckpointError, naming what was found and the command that gets out
+    of it, when resuming could skip or double records.
+
+    Example::
+
+        prepared = prepare(spark, Lakehouse("/data/lake"), STREAMS["bronze"])
+        prepared.stream_id  # the txnAppId of bronze's Delta commits
+    """
     state = inspect(spark, lakehouse, stream)
-    lost = state.status.startswith("lost")
-    if state.status == "mismatch":
-        raise CheckpointError(
-            f"{stream.name}: checkpoint {state.checkpoint} (stream id {state.stream_id}, last batch "
-            f"{state.last_batch}) does not match the tables it writes (recorded ids "
-            f"{state.recorded_ids}): the checkpoint was swapped or a table replaced, and resuming "
-            f"would skip or repeat records. Run `checkpoints reset {stream.name}` to rebuild consistently."
-        )
+    refusal = state.refusal()
+    if refusal is not None:
+        raise CheckpointError(refusal)
+    lost = state.status is Status.LOST
     if lost and stream.rebuilt_from_source:
         raise CheckpointError(
             f"{stream.name}: checkpoint {state.checkpoint} is missing while {', '.join(stream.sinks)} "
-            f"already holds aggregates; starting over would count them twice. Run "
-            f"`checkpoints reset {stream.name}` to rebuild it from {stream.source}."
+            f"already holds aggregates; starting over would count them twice. Way out: "
+            f"{reset_command(stream.name)}: {_rebuilds(stream.name)}."
         )
     stream_id = state.stream_id or create_stream_id(spark, state.checkpoint)
     for name, path in state.tables.items():
@@ -131,9 +279,35 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
                 _unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
 
 
-def read_stream_id(spark: SparkSession, checkpoint: str) -> str | None:
-    text = _read_text(spark, f"{checkpoint}/metadata")
-    return None if text is None else json.loads(text.splitlines()[0])["id"]
+def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = None) -> str | None:
+    """The stream id in ``<checkpoint>/metadata``; None when there is none; CheckpointError when unreadable.
+
+    Example::
+
+        read_stream_id(spark, "/data/lake/checkpoints/bronze", "bronze")  # "6f1c...", or None
+    """
+    path = f"{checkpoint}/metadata"
+    try:
+        text = _read_text(spark, path)
+    except Exception as error:  # e.g. a checksum error: the file and its .crc disagree after a cut write
+        text = f"unreadable: {str(error).splitlines()[0][:200]}"
+    if text is None:
+        return None
+    try:
+        stream_id = json.loads(text.splitlines()[0])["id"] if text.strip() else None
+        if not isinstance(stream_id, str) or not stream_id:
+            stream_id = None
+    except (ValueError, KeyError, TypeError, IndexError):
+        stream_id = None
+    if stream_id is None:
+        name = stream or checkpoint.rstrip("/").rsplit("/", 1)[-1]
+        found = "empty" if not text.strip() else f"not a stream id: {text[:80]!r}"
+        raise CheckpointError(
+            f"{name}: the checkpoint metadata file {path} is {found} (a write cut short, or edited): "
+            f"the stream's id, which binds the checkpoint to its tables, is unknown. Way out: "
+            f"{reset_command(name)}: {_rebuilds(name)}."
+        )
+    return stream_id
 
 
 def create_stream_id(spark: SparkSession, checkpoint: str) -> str:
@@ -145,7 +319,24 @@ def create_stream_id(spark: SparkSession, checkpoint: str) -> str:
 
 
 def last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
+    """The newest batch in the checkpoint's commit log; None before the first.
+
+    Example::
+
+        last_committed_batch(spark, "/data/lake/checkpoints/gold")  # 41
+    """
     batches = [int(name) for name in _list_names(spark, f"{checkpoint}/commits") if name.isdigit()]
+    return max(batches, default=None)
+
+
+def last_planned_batch(spark: SparkSession, checkpoint: str) -> int | None:
+    """The newest batch in the checkpoint's offset log (planned, perhaps not committed); None before the first.
+
+    Example::
+
+        last_planned_batch(spark, "/data/lake/checkpoints/gold")  # 42 while batch 42 runs
+    """
+    batches = [int(name) for name in _list_names(spark, f"{checkpoint}/offsets") if name.isdigit()]
     return max(batches, default=None)
 
 

@@ -1,10 +1,19 @@
-"""Everything that talks to Kafka settings: Spark source options and client configs."""
+"""Everything that talks to Kafka settings: Spark source options and client configs.
+
+Spark's Kafka source (a JVM client) and the confluent-kafka clients (librdkafka) are
+configured here from the same KafkaConfig, so TLS and SASL settings cannot drift
+apart between bronze, the audit, the producers and the admin calls.
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .config import LOCAL_BOOTSTRAP, Config, ConfigError
+from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
 
 JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -24,11 +33,26 @@ def bootstrap_servers(config: Config) -> str:
 
 
 def client_config(config: Config, **extra: object) -> dict:
-    """Settings for confluent-kafka producers, consumers and admin clients."""
+    """Settings for confluent-kafka producers, consumers and admin clients, security included.
+
+    Example::
+
+        producer = Producer(client_config(config, **{"linger.ms": 5}))
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
     settings: dict = {"bootstrap.servers": bootstrap_servers(config)}
     kafka = config.kafka
     if kafka.security_protocol != "PLAINTEXT":
         settings["security.protocol"] = kafka.security_protocol
+        settings["ssl.endpoint.identification.algorithm"] = "https" if kafka.ssl_endpoint_identification else "none"
+        # Without a CA file, the system's CAs (librdkafka's own default path may not exist here).
+        settings["ssl.ca.location"] = kafka.ssl_ca_location or "probe"
+        if kafka.ssl_certificate_location:
+            settings["ssl.certificate.location"] = kafka.ssl_certificate_location
+            settings["ssl.key.location"] = kafka.ssl_key_location
+            if kafka.ssl_key_password is not None:
+                settings["ssl.key.password"] = kafka.ssl_key_password
     if kafka.sasl_mechanism:
         settings.update(
             {
@@ -42,8 +66,31 @@ def client_config(config: Config, **extra: object) -> dict:
 
 
 def spark_security_options(config: Config) -> dict[str, str]:
+    """Security options of Spark's Kafka source and batch reader (the ``kafka.`` prefixed ones).
+
+    Example::
+
+        spark.read.format("kafka").options(**spark_security_options(config))
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
     kafka = config.kafka
     options = {"kafka.security.protocol": kafka.security_protocol}
+    if kafka.security_protocol != "PLAINTEXT":
+        # The JVM client's way to turn host name checks off is an empty algorithm.
+        options["kafka.ssl.endpoint.identification.algorithm"] = "https" if kafka.ssl_endpoint_identification else ""
+        if kafka.ssl_ca_location:
+            options["kafka.ssl.truststore.type"] = "PEM"
+            options["kafka.ssl.truststore.location"] = kafka.ssl_ca_location
+        if kafka.ssl_certificate_location:
+            # A PEM keystore given by location must be one file holding key and chain, and its
+            # key must be encrypted; given by value, the team's separate files work as they are.
+            # The values travel to the executors with the options, so only the driver reads them.
+            options["kafka.ssl.keystore.type"] = "PEM"
+            options["kafka.ssl.keystore.certificate.chain"] = Path(kafka.ssl_certificate_location).read_text()
+            options["kafka.ssl.keystore.key"] = Path(kafka.ssl_key_location or "").read_text()
+            if kafka.ssl_key_password is not None:
+                options["kafka.ssl.key.password"] = kafka.ssl_key_password
     if kafka.sasl_mechanism:
         user = _jaas_quote(kafka.sasl_username or "")
         password = _jaas_quote(kafka.sasl_password or "")
@@ -53,6 +100,88 @@ def spark_security_options(config: Config) -> dict[str, str]:
             f'{JAAS_MODULES[kafka.sasl_mechanism]} required username="{user}" password="{password}";'
         )
     return options
+
+
+def check_connection(config: Config, timeout: float = 15.0) -> None:
+    """Connect and authenticate once with a short timeout; raise ConfigError naming the setting at fault.
+
+    Spark's JVM client retries a refused login or an untrusted certificate forever, so the
+    command line calls this before Spark starts: a wrong password stops the run in seconds.
+
+    Example::
+
+        check_connection(config)   # ConfigError: kafka.ssl_ca_location: ... not trusted ...
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, not {timeout!r}")
+    errors: list[tuple[str, str]] = []
+    settings = client_config(
+        config,
+        # The callback copies: librdkafka's error objects are not to be kept past it.
+        error_cb=lambda error: errors.append((error.name(), error.str())),
+        # The callback sees every error; librdkafka's own log would repeat each on stderr.
+        log_level=0,
+        **{"reconnect.backoff.max.ms": 1000, "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000))},
+    )
+    try:
+        admin = AdminClient(settings)
+    except KafkaException as error:
+        # librdkafka loads the CA, certificate and key when the client is created.
+        raise ConfigError(explain_refusal(config.kafka, str(error.args[0].str()))) from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, timeout))
+            return
+        except KafkaException:
+            pass
+        admin.poll(0.1)
+        refused = [error for error in errors if error[0] in {"_AUTHENTICATION", "_SSL"} or "SSL" in error[1]]
+        if refused:
+            raise ConfigError(explain_refusal(config.kafka, refused[0][1]))
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"kafka.bootstrap_servers: no broker at {config.kafka.bootstrap_servers} answered within "
+                f"{timeout:g} s with kafka.security_protocol {config.kafka.security_protocol} "
+                "(a plaintext client on a TLS listener, or the other way round, looks like this too)"
+            )
+
+
+def explain_refusal(kafka: KafkaConfig, detail: str) -> str:
+    """The setting a broker's refusal points at, then librdkafka's own words."""
+    if "certificate verify failed" in detail:
+        ca = f"the CA in {kafka.ssl_ca_location}" if kafka.ssl_ca_location else "the system's CAs"
+        return (
+            f"kafka.ssl_ca_location: the broker's certificate is not trusted by {ca}, or does not name the "
+            f"host in kafka.bootstrap_servers (kafka.ssl_endpoint_identification): {detail}"
+        )
+    if "bad certificate" in detail or "certificate required" in detail or "unknown ca" in detail:
+        if kafka.ssl_certificate_location is None:
+            return (
+                "kafka.ssl_certificate_location: the broker requires a client certificate (mutual TLS) and none "
+                f"is configured; set kafka.ssl_certificate_location and kafka.ssl_key_location: {detail}"
+            )
+        return (
+            f"kafka.ssl_certificate_location: the broker refused the client certificate "
+            f"{kafka.ssl_certificate_location} (not signed by a CA it trusts?): {detail}"
+        )
+    if "SASL" in detail or "uthenticat" in detail:
+        return (
+            f"kafka.sasl_username: the broker refused user {kafka.sasl_username!r} with {kafka.sasl_mechanism}; "
+            f"check the user, the password ({SASL_PASSWORD_VAR} or kafka.sasl_password_file) and "
+            f"kafka.sasl_mechanism: {detail}"
+        )
+    if "ssl.key" in detail and kafka.ssl_key_location:
+        return (
+            f"kafka.ssl_key_location: the client key could not be used (wrong password in "
+            f"kafka.ssl_key_password_file or {SSL_KEY_PASSWORD_VAR}?): {detail}"
+        )
+    for key in ("ssl.certificate.location", "ssl.ca.location"):
+        if key in detail:
+            return f"kafka.{key.replace('.', '_', 1).replace('.', '_')}: {detail}"
+    return f"kafka.security_protocol: the TLS connection to {kafka.bootstrap_servers} failed: {detail}"
 
 
 def spark_source_options(config: Config) -> dict[str, str]:

@@ -21,8 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from . import checkpoints
-from .config import Config
+from . import checkpoints, lease
+from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
 from .crash_points import crash_points
 from .kafka_io import spark_source_options, topic_partitions
@@ -43,8 +43,23 @@ log = logging.getLogger(__name__)
 EARLIEST = -2
 
 
-def trigger_for(config: Config, available_now: bool) -> dict:
-    return {"availableNow": True} if available_now else {"processingTime": config.trigger_interval}
+def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> dict:
+    """The trigger of ``layer``'s stream.
+
+    Bronze runs every trigger_interval. Silver and gold poll their source table at the
+    shorter downstream_trigger_interval: with the full interval each, a record waited up
+    to one interval per layer on its way to gold. A poll that finds no new commit runs
+    no batch.
+    """
+    if available_now:
+        return {"availableNow": True}
+    if layer == "bronze":
+        return {"processingTime": config.trigger_interval}
+    interval = min(
+        (config.trigger_interval, config.downstream_trigger_interval),
+        key=lambda value: duration_seconds(value, "pipeline.downstream_trigger_interval"),
+    )
+    return {"processingTime": interval}
 
 
 def start_stream(
@@ -65,6 +80,8 @@ def start_stream(
         raise ValueError(f"layer must be one of {', '.join(STREAMS)}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, contract)
+    # Before prepare, which writes the checkpoint's metadata and binds the tables.
+    stream_lease = lease.acquire(spark, lakehouse, layer)
     prepared = checkpoints.prepare(spark, lakehouse, STREAMS[layer])
     if delivery is Delivery.AT_LEAST_ONCE:
         prepared = dataclasses.replace(prepared, stream_id=None)
@@ -74,12 +91,14 @@ def start_stream(
         "gold": lambda: _start_gold(spark, config, lakehouse, prepared, contract),
     }
     writer = starters[layer]()
-    return (
+    query = (
         writer.option("checkpointLocation", lakehouse.checkpoint(layer))
         .queryName(layer)
-        .trigger(**trigger_for(config, available_now))
+        .trigger(**trigger_for(config, available_now, layer))
         .start()
     )
+    stream_lease.guard(query)
+    return query
 
 
 def run_available_now(

@@ -124,6 +124,34 @@ AMOUNT_SUM_TYPE = EVENTS.field("amount").sum_type
 # Delta itself rejects updates and deletes on these: raw and parsed history is never rewritten.
 APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
 
+# Silver and quarantine are deduplicated on Kafka coordinates by a MERGE that must read
+# only the files that can hold the batch's offsets. One directory per Kafka partition keeps
+# every file to one partition's narrow offset range whatever the skew between partitions,
+# the number of topics or partitions added later; compaction works within a directory, so
+# it keeps that property. The price: a batch writes one file per Kafka partition it holds.
+PARTITION_COLUMNS = {SILVER: ("topic", "partition"), QUARANTINE: ("topic", "partition")}
+
+
+def table_properties(name: str, contract: Contract = EVENTS) -> dict[str, str]:
+    """Delta properties a table is created with (an existing table keeps its own).
+
+    Statistics are collected only for the columns that data skipping uses (Delta's
+    default is the first 32 columns, paid on every write): the offsets that the
+    dedup MERGE prunes on, bronze's Kafka coordinates and times, silver's event time
+    for readers. Gold keeps them all: it has few columns.
+    """
+    if name not in (BRONZE, SILVER, QUARANTINE, GOLD):
+        raise ValueError(f"name must be one of the lakehouse tables, not {name!r}")
+    properties = {"delta.appendOnly": "true"} if name in APPEND_ONLY else {}
+    stats = {
+        BRONZE: "topic,partition,offset,timestamp",
+        SILVER: f"offset,{contract.event_time}",
+        QUARANTINE: "offset",
+    }
+    if name in stats:
+        properties["delta.dataSkippingStatsColumns"] = stats[name]
+    return properties
+
 
 @dataclass(frozen=True)
 class Stream:
@@ -174,8 +202,10 @@ def ensure_tables(spark: SparkSession, lakehouse: Lakehouse, contract: Contract 
     for name, schema in table_schemas(contract).items():
         path = lakehouse.table(name)
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-        if name in APPEND_ONLY:
-            builder = builder.property("delta.appendOnly", "true")
+        if name in PARTITION_COLUMNS:
+            builder = builder.partitionedBy(*PARTITION_COLUMNS[name])
+        for key, value in table_properties(name, contract).items():
+            builder = builder.property(key, value)
         try:
             found = builder.execute().toDF().schema
         except Exception:

@@ -1,0 +1,114 @@
+"""The `checkpoints list` and `checkpoints reset` commands (kept apart from cli.py for length)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+
+from .pipeline import checkpoints
+from .pipeline.config import Config
+from .pipeline.lease import LeaseHeld, holding, read_lease
+from .pipeline.tables import STREAMS, Lakehouse, Stream, with_downstream
+
+# The CLI's exit code for "refusing": the same as a refused start.
+EXIT_REFUSED = 3
+
+
+def list_checkpoints(config: Config, as_json: bool, spark) -> int:
+    """Print each stream's checkpoint against its sink tables, its lease and the refusal a start would meet.
+
+    Example::
+
+        list_checkpoints(config, as_json=False, spark=spark)  # prints, returns 0
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in STREAMS.items()}
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    for name, state in listing.items():
+        print(
+            f"{name:<7} {state['status']:<20} planned {state['last_planned']}  committed {state['last_committed']}"
+            f"  lease {state['lease']}\n        checkpoint {state['checkpoint']} (stream id {state['stream_id']})"
+        )
+        for table, sink in state["sinks"].items():
+            print(f"        {table:<18} v{sink['version']}  last batch of this stream {sink['txn_batch']}")
+        if state["refusal"]:
+            print(f"        refuses to start: {state['refusal']}")
+    return 0
+
+
+def checkpoint_state(spark, lakehouse: Lakehouse, stream: Stream) -> dict:
+    """One stream's state as plain data (what `checkpoints list --json` prints).
+
+    Example::
+
+        checkpoint_state(spark, Lakehouse("/data/lake"), STREAMS["gold"])["status"]  # "ok"
+    """
+    lease_status, holder = read_lease(spark, lakehouse, stream.name)
+    state: dict = {
+        "status": "unreadable",
+        "checkpoint": lakehouse.checkpoint(stream.name),
+        "stream_id": None,
+        "last_planned": None,
+        "last_committed": None,
+        "lease": lease_status.value + (f" ({holder.describe()})" if holder else ""),
+        "sinks": {},
+    }
+    try:
+        found = checkpoints.inspect(spark, lakehouse, stream)
+    except checkpoints.CheckpointError as error:  # an unreadable metadata file: listed, not fatal here
+        return {**state, "refusal": str(error)}
+    return {
+        **state,
+        "status": found.status.value,
+        "stream_id": found.stream_id,
+        "last_planned": found.last_planned,
+        "last_committed": found.last_committed,
+        "sinks": {
+            name: {"path": sink.path, "version": sink.version, "txn_batch": sink.txn_batch}
+            for name, sink in found.sinks.items()
+        },
+        "refusal": found.refusal(),
+    }
+
+
+def reset_checkpoints(config: Config, stream: str, yes: bool, make_spark: Callable[[], object]) -> int:
+    """Reset ``stream`` and everything downstream; asks on a terminal, needs ``yes`` otherwise.
+
+    Refuses (exit 3) while any of those streams runs: their leases are held for the whole reset.
+
+    Example::
+
+        reset_checkpoints(config, "gold", yes=True, make_spark=lambda: spark)  # 0
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    streams = with_downstream(stream)
+    names = ", ".join(each.name for each in streams)
+    doomed = [lakehouse.checkpoint(each.name) for each in streams]
+    emptied = [lakehouse.table(table) for each in streams if each.rebuilt_from_source for table in each.sinks]
+    what = f"delete the checkpoints {', '.join(doomed)}" + (f" and empty {', '.join(emptied)}" if emptied else "")
+    if not yes:
+        if not sys.stdin.isatty():
+            print(
+                f"refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so "
+                f"nothing can ask; run `checkpoints reset {stream} --yes` to do it.",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        answer = input(f"This will {what}.\nReset {names}? Type 'yes' to go on: ")
+        if answer.strip().lower() != "yes":
+            print("nothing reset")
+            return 1
+    spark = make_spark()
+    way_out = f"Then run `checkpoints reset {stream}` again."
+    try:
+        # Held for the whole reset: no stream starts halfway through it.
+        with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out):
+            checkpoints.reset(spark, lakehouse, streams)
+    except LeaseHeld as error:
+        print(f"refusing to reset {names}: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"reset {names}; the next run resumes consistently (gold is rebuilt from silver)")
+    return 0

@@ -1,0 +1,157 @@
+"""How far a sink table has got, for one stream: read from Delta's own log.
+
+Each sink commit is tagged (stream id, batch id), and Delta keeps the newest
+batch per stream id as a set transaction (txn) in the table's state. One log
+replay (DeltaLog.update, the same snapshot every Delta read uses) gives the
+table's version, its properties and its txns, without scanning data. A
+RESTORE does not roll txns back, so restores are found in the table history
+(only back to the stream's last tagged commit) and judged by comparing the txn
+just before the RESTORE with the txn of the version it restored to.
+See checkpoints.py for how this is compared with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from .tables import table_has_rows
+
+IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
+# Delta drops (appId, version) records older than this when it is set, and a
+# replay older than that is written again: idempotence silently ends.
+TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
+
+# History is read back to the stream's last tagged commit, judged by the
+# driver's clock; this much earlier covers a driver and a storage clock apart.
+CLOCK_SKEW_MS = 5 * 60 * 1000
+HISTORY_PAGE = 32
+HISTORY_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A RESTORE that undid commits of the stream: txn ``before`` it, ``after`` it (None: none left)."""
+
+    at_version: int
+    to_version: int | None
+    before: int
+    after: int | None
+
+
+@dataclass(frozen=True)
+class SinkProgress:
+    table: str
+    path: str
+    version: int | None  # the table's version; None: no table
+    recorded_id: str | None  # the stream id bound to the table
+    txn_batch: int | None  # the last batch of the checkpoint's stream id the table committed
+    has_rows: bool | None  # only looked at when the checkpoint has no id
+    txn_retention: str | None
+    undone_by: Restore | None
+
+
+def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, stream_id: str | None) -> SinkProgress:
+    """Where the sink table ``name`` at ``path`` stands for the stream: version, bound id, last batch, restores.
+
+    Example::
+
+        sink = read_sink_progress(spark, "gold_event_windows", "/data/lake/tables/gold_event_windows", "gold", id)
+        sink.txn_batch  # the last batch of stream ``id`` that gold committed, or None
+    """
+    if not name or not path or not stream:
+        raise ValueError("name, path and stream must be given")
+    # Delta's own snapshot, one log replay per table: the version, the properties
+    # and the set transactions (appId -> last version) in one read.
+    jvm = spark._jvm
+    none = jvm.scala.Option.empty()
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snapshot = delta_log.update(False, none, none)
+    if snapshot.version() < 0:
+        return SinkProgress(name, path, None, None, None, False, None, None)
+    properties = snapshot.metadata().configuration()
+    txn, last_updated_ms = _txn(snapshot, stream_id)
+    return SinkProgress(
+        table=name,
+        path=path,
+        version=snapshot.version(),
+        recorded_id=_option(properties.get(IDENTITY_PROPERTY % stream)),
+        txn_batch=txn,
+        has_rows=table_has_rows(spark, path) if stream_id is None else None,
+        txn_retention=_option(properties.get(TXN_RETENTION_PROPERTY)),
+        undone_by=None if txn is None else _restore_undoing(spark, delta_log, path, stream_id, last_updated_ms),
+    )
+
+
+def _option(value):
+    return value.get() if value.isDefined() else None
+
+
+def _txn(snapshot, app_id: str | None) -> tuple[int | None, int | None]:
+    if app_id is None:
+        return None, None
+    transactions = snapshot.setTransactions().iterator()
+    while transactions.hasNext():
+        txn = transactions.next()
+        if txn.appId() == app_id:
+            return txn.version(), _option(txn.lastUpdated())
+    return None, None
+
+
+def _restore_undoing(spark: SparkSession, delta_log, path: str, app_id: str, last_updated_ms: int | None):
+    """The newest RESTORE that took the table back past commits tagged with ``app_id``, if any.
+
+    RESTORE brings files and properties back but not the set transactions: the
+    txn still says the batches are written while their rows are gone. Only the
+    history since the stream's last tagged commit is read (plus the clock
+    margin): a RESTORE older than that is followed by commits of the stream.
+    """
+    limit = HISTORY_PAGE
+    while True:
+        rows = (
+            DeltaTable.forPath(spark, path)
+            .history(limit)
+            .selectExpr("version", "unix_millis(timestamp) AS ms", "operation", "operationParameters AS params")
+            .collect()
+        )
+        oldest_ms = min((row.ms for row in rows), default=0)
+        # Without a txn time (written by an older Delta) one page is all that is read.
+        enough = last_updated_ms is None or oldest_ms < last_updated_ms - CLOCK_SKEW_MS
+        if len(rows) < limit or enough or limit >= HISTORY_LIMIT:
+            break
+        limit *= 8
+    for row in rows:
+        if row.operation != "RESTORE":
+            continue
+        target = _restored_version(row.params or {}, rows)
+        before = _txn_at_version(spark, delta_log, row.version - 1, app_id)
+        after = None if target is None else _txn_at_version(spark, delta_log, target, app_id)
+        if before is not None and before != after:
+            return Restore(at_version=row.version, to_version=target, before=before, after=after)
+    return None
+
+
+def _restored_version(params: dict, history: list) -> int | None:
+    if params.get("version") not in (None, "", "null"):
+        return int(params["version"])
+    # RESTORE ... TO TIMESTAMP AS OF: the newest version committed by then.
+    stamp = params.get("timestamp")
+    if not stamp:
+        return None
+    try:
+        wanted_ms = datetime.fromisoformat(stamp).timestamp() * 1000
+    except ValueError:
+        return None
+    candidates = [row.version for row in history if row.ms <= wanted_ms]
+    return max(candidates, default=None)
+
+
+def _txn_at_version(spark: SparkSession, delta_log, version: int, app_id: str) -> int | None:
+    if version < 0:
+        return None
+    none = spark._jvm.scala.Option.empty()
+    txn, _ = _txn(delta_log.getSnapshotAt(version, none, none, False), app_id)
+    return txn

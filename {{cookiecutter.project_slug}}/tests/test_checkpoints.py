@@ -1,0 +1,258 @@
+"""Checkpoints against their tables and their operators, through the command line.
+
+Each scenario does to a real lakehouse what an operator or a crash does (an older
+checkpoint put back, a table RESTOREd, a metadata file cut short, a second
+process started), checks the refusal names what it found and the way out, then
+takes that way out and checks the tables against what was produced.
+"""
+
+import io
+import json
+import os
+import pty
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline import checkpoints, lease
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, Lakehouse
+
+
+def produce_records(config, count: int, seed: int) -> list:
+    records = list(sample_records(count, seed, 0.0, prefix=f"c{seed}"))
+    produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
+    return records
+
+
+def checkpoint(config, stream: str) -> Path:
+    return Path(Lakehouse(config.lakehouse_root).checkpoint(stream))
+
+
+def newest(directory: Path) -> int:
+    return max(int(name.name) for name in directory.iterdir() if name.name.isdigit())
+
+
+def load(spark, config, name: str):
+    return spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
+
+
+def test_an_empty_or_truncated_metadata_file_is_a_checkpoint_error_naming_it(spark, tmp_path):
+    metadata = tmp_path / "checkpoints" / "silver" / "metadata"
+    metadata.parent.mkdir(parents=True)
+    for broken in ("", '{"id":"3f1c', "[]"):
+        metadata.write_text(broken)
+        with pytest.raises(checkpoints.CheckpointError) as refused:
+            checkpoints.read_stream_id(spark, str(metadata.parent), "silver")
+        assert f"the checkpoint metadata file {metadata} is" in str(refused.value)
+        assert "checkpoints reset silver" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_cut_metadata_file_refuses_the_start_without_a_traceback_and_reset_gets_out(spark, pipeline_env, capsys):
+    produce_records(pipeline_env, 10, seed=1)
+    metadata = checkpoint(pipeline_env, "bronze") / "metadata"
+    metadata.parent.mkdir(parents=True)
+    metadata.write_text('{"id":"3f1c')  # the first start died while writing it
+
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"the checkpoint metadata file {metadata} is not a stream id" in refusal
+    assert "checkpoints reset bronze" in refusal
+    assert "Traceback" not in refusal
+
+    assert main(["checkpoints", "reset", "bronze", "--yes"]) == 0
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    assert load(spark, pipeline_env, BRONZE).count() == 10
+
+
+def test_reset_without_a_terminal_refuses_without_yes_and_on_a_terminal_asks(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "lake"
+    (root / "checkpoints" / "gold").mkdir(parents=True)
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(root))
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # as under cron or CI, whatever runs pytest
+
+    assert main(["checkpoints", "reset", "gold"]) == 3
+    refusal = capsys.readouterr().err
+    assert "--yes" in refusal and str(root / "checkpoints" / "gold") in refusal
+    assert (root / "checkpoints" / "gold").is_dir()
+
+    # On a terminal it asks; anything but "yes" leaves everything as it was.
+    controller, terminal = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "checkpoints", "reset", "silver"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "LAKEHOUSE_ROOT": str(root)},
+    )
+    os.close(terminal)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"Type 'yes'" not in seen and time.monotonic() < deadline:
+        seen += os.read(controller, 4096)
+    assert b"Reset silver, gold?" in seen, seen
+    os.write(controller, b"no\n")
+    assert child.wait(timeout=60) == 1
+    os.close(controller)
+    assert (root / "checkpoints" / "gold").is_dir()
+
+
+def test_a_live_lease_is_respected_and_an_expired_one_taken_over(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    path = Path(lease.lease_path(lakehouse, "silver"))
+    path.parent.mkdir(parents=True)
+    # What a process on another machine leaves when it dies: nothing here can see its pid.
+    path.write_text(
+        json.dumps(
+            {
+                "owner": "other",
+                "stream": "silver",
+                "host": "another-host",
+                "pid": 4242,
+                "started": "2024-05-01T09:00:00+0000",
+                "renewed_ms": int(time.time() * 1000),
+                "ttl_s": 3.0,
+            }
+        )
+    )
+    assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HELD
+    with pytest.raises(lease.LeaseHeld, match="held by pid 4242 on host another-host"):
+        lease.acquire(spark, lakehouse, "silver")
+
+    time.sleep(3.5)
+    assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.EXPIRED
+    taken = lease.acquire(spark, lakehouse, "silver")
+    record = json.loads(path.read_text())
+    assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+    taken.release()
+    assert not path.exists()
+
+
+def test_txn_retention_on_a_sink_is_refused_naming_the_property_and_the_command(spark, pipeline_env, capsys):
+    assert main(["run", "--layer", "gold", "--available-now"]) == 0
+    gold = Lakehouse(pipeline_env.lakehouse_root).table(GOLD)
+    spark.sql(
+        f"ALTER TABLE delta.`{gold}` SET TBLPROPERTIES ('delta.setTransactionRetentionDuration' = 'interval 1 days')"
+    )
+    capsys.readouterr()
+
+    assert main(["run", "--layer", "gold", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    command = f"ALTER TABLE delta.`{gold}` UNSET TBLPROPERTIES ('delta.setTransactionRetentionDuration')"
+    assert command in refusal
+
+    spark.sql(command)
+    assert main(["run", "--layer", "gold", "--available-now"]) == 0
+
+
+@pytest.mark.slow
+def test_an_older_checkpoint_put_back_is_refused_until_reset_which_is_exact(
+    spark, pipeline_env, capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("KAFKA_MAX_OFFSETS_PER_TRIGGER", "20")
+    first = produce_records(pipeline_env, 60, seed=2)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    bronze_checkpoint = checkpoint(pipeline_env, "bronze")
+    old_copy = tmp_path / "bronze-checkpoint-backup"
+    shutil.copytree(bronze_checkpoint, old_copy)
+    old_batch = newest(old_copy / "commits")
+
+    second = produce_records(pipeline_env, 40, seed=3)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    new_batch = newest(bronze_checkpoint / "commits")
+    assert new_batch > old_batch
+    shutil.rmtree(bronze_checkpoint)
+    shutil.copytree(old_copy, bronze_checkpoint)
+    capsys.readouterr()
+
+    assert main(["run", "--layer", "all", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"has committed batch {new_batch} of stream" in refusal
+    assert f"last planned batch {old_batch}, last committed batch {old_batch}" in refusal
+    assert "checkpoints reset bronze" in refusal
+    assert main(["checkpoints", "list"]) == 0
+    assert "bronze  table ahead" in capsys.readouterr().out
+
+    assert main(["checkpoints", "reset", "bronze", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    capsys.readouterr()
+    assert main(["checkpoints", "list"]) == 0
+    assert "refuses" not in capsys.readouterr().out
+    assert main(["audit"]) == 0
+
+    bronze = load(spark, pipeline_env, BRONZE)
+    assert bronze.count() == bronze.select("topic", "partition", "offset").distinct().count() == 100
+    assert {bytes(row.value) for row in bronze.select("value").collect()} == {value for _, value in first + second}
+
+
+@pytest.mark.slow
+def test_gold_restored_to_an_older_version_is_refused_until_reset_which_is_exact(spark, pipeline_env, capsys):
+    records = produce_records(pipeline_env, 50, seed=4)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    gold_path = Lakehouse(pipeline_env.lakehouse_root).table(GOLD)
+    before = DeltaTable.forPath(spark, gold_path).history(1).first()["version"]
+    records += produce_records(pipeline_env, 30, seed=5)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    spark.sql(f"RESTORE TABLE delta.`{gold_path}` TO VERSION AS OF {before}")
+    capsys.readouterr()
+
+    assert main(["run", "--layer", "gold", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"sink table {GOLD} at {gold_path} was restored" in refusal
+    assert f"to version {before}" in refusal
+    assert "checkpoints reset gold" in refusal
+
+    assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
+    assert main(["run", "--layer", "gold", "--available-now"]) == 0
+    assert main(["audit"]) == 0
+    events = [json.loads(value) for _, value in records]
+    totals = load(spark, pipeline_env, GOLD).agg(F.sum("event_count"), F.sum("amount_sum")).first()
+    assert totals[0] == len(events)
+    assert totals[1] == sum(Decimal(str(event["amount"])) for event in events)
+
+
+@pytest.mark.slow
+def test_a_second_process_is_refused_while_the_first_runs_and_starts_once_it_is_killed(spark, pipeline_env, capsys):
+    produce_records(pipeline_env, 20, seed=6)
+    lease_file = Path(lease.lease_path(Lakehouse(pipeline_env.lakehouse_root), "bronze"))
+    log_path = Path(pipeline_env.lakehouse_root).parent / "first.log"
+    with log_path.open("w") as log_file:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "bronze"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoint(pipeline_env, "bronze") / "commits" / "0").exists():
+            assert first.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first process never committed a batch"
+            time.sleep(1)
+        assert json.loads(lease_file.read_text())["pid"] == first.pid
+
+        assert main(["run", "--layer", "bronze", "--available-now"]) == 3
+        refusal = capsys.readouterr().err
+        assert f"lease {lease_file} is held by pid {first.pid} on host {socket.gethostname()}" in refusal
+        assert main(["checkpoints", "reset", "bronze", "--yes"]) == 3
+        assert "refusing to reset bronze, silver, gold" in capsys.readouterr().err
+        assert (checkpoint(pipeline_env, "bronze") / "commits" / "0").exists()
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and its JVM, no clean-up
+        first.wait()
+
+    produce_records(pipeline_env, 5, seed=7)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    assert load(spark, pipeline_env, BRONZE).count() == 25

@@ -1,0 +1,180 @@
+"""The Delta sinks on real tables: what a MERGE reads, and what a concurrent compaction does to it."""
+
+import logging
+import threading
+import time
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
+
+from {{ cookiecutter.package_name }}.pipeline.sinks import (
+    add_to_windows,
+    insert_new_kafka_records,
+    kafka_key_ranges,
+    window_ranges,
+)
+from {{ cookiecutter.package_name }}.pipeline.tables import (
+    GOLD,
+    GOLD_SCHEMA,
+    QUARANTINE,
+    QUARANTINE_SCHEMA,
+    Lakehouse,
+    ensure_tables,
+)
+
+T0 = datetime(2026, 1, 1, 12, 0)
+MINUTE = timedelta(minutes=1)
+
+
+def gold_row(minute: int, event_type: str, count: int) -> tuple:
+    start = T0 + minute * MINUTE
+    return (start, start + MINUTE, event_type, count, Decimal(count))
+
+
+def quarantine_row(topic: str, partition: int, offset: int) -> tuple:
+    return (topic, partition, offset, T0, None, b"x", [], "not valid JSON", T0)
+
+
+def data_files(table: str) -> list[Path]:
+    return sorted(Path(table).rglob("*.parquet"))
+
+
+def file_holding(spark, table: str, condition) -> Path:
+    rows = spark.read.format("delta").load(table).where(condition).select(F.input_file_name().alias("name"))
+    names = {row.name for row in rows.collect()}
+    assert len(names) == 1, names
+    return Path(names.pop().removeprefix("file:"))
+
+
+@pytest.fixture
+def lakehouse(spark, tmp_path) -> Lakehouse:
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_tables(spark, lakehouse)
+    return lakehouse
+
+
+def test_window_ranges_fold_adjacent_windows_and_keep_a_late_one_apart():
+    windows = [T0 + m * MINUTE for m in (5, 3, 4, 4, 60)]
+    assert window_ranges(windows, [start + MINUTE for start in windows]) == [
+        (T0 + 3 * MINUTE, T0 + 5 * MINUTE),
+        (T0 + 60 * MINUTE, T0 + 60 * MINUTE),
+    ]
+
+
+def test_window_ranges_join_the_closest_ranges_beyond_the_limit():
+    windows = [T0 + m * MINUTE for m in (0, 2, 10, 11, 30, 31, 33)]
+    assert window_ranges(windows, [start + MINUTE for start in windows], max_ranges=2) == [
+        (T0, T0 + 11 * MINUTE),
+        (T0 + 30 * MINUTE, T0 + 33 * MINUTE),
+    ]
+
+
+def test_window_ranges_refuses_unpaired_starts_and_ends():
+    with pytest.raises(ValueError, match="pair up"):
+        window_ranges([T0], [])
+
+
+def test_gold_merge_reads_only_the_files_of_the_windows_the_batch_touches(spark, lakehouse):
+    gold = lakehouse.table(GOLD)
+    # One file per hour of history, as a stream writes it: each MERGE adds its own files.
+    for hour in range(4):
+        rows = [gold_row(hour * 60 + m, "view", 1) for m in range(3)]
+        spark.createDataFrame(rows, GOLD_SCHEMA).coalesce(1).write.format("delta").mode("append").save(gold)
+    # Were any other hour's file read, the MERGE would fail on the missing file.
+    for hour in (0, 1, 2):
+        file_holding(spark, gold, F.col("window_start") == T0 + hour * 60 * MINUTE).unlink()
+
+    batch = spark.createDataFrame([gold_row(180, "view", 2), gold_row(181, "click", 1)], GOLD_SCHEMA).cache()
+    add_to_windows(batch, gold, "gold-stream", 0)
+
+    result = {
+        (row.window_start, row.event_type): row.event_count
+        for row in spark.read.format("delta").load(gold).where(F.col("window_start") >= T0 + 180 * MINUTE).collect()
+    }
+    assert result == {
+        (T0 + 180 * MINUTE, "view"): 3,
+        (T0 + 181 * MINUTE, "view"): 1,
+        (T0 + 181 * MINUTE, "click"): 1,
+        (T0 + 182 * MINUTE, "view"): 1,
+    }
+
+
+def test_dedup_reads_only_the_batch_partitions_files_whatever_the_skew_and_topics(spark, lakehouse):
+    quarantine = lakehouse.table(QUARANTINE)
+    # Partition 0 is a million offsets ahead of partition 1; topic b has its own files;
+    # a batch writes one file per Kafka partition, so none spans two partitions' offsets.
+    history = [
+        [quarantine_row("a", 0, 1_000_000 + i) for i in range(3)] + [quarantine_row("a", 1, 100 + i) for i in range(3)],
+        [quarantine_row("b", 0, 50 + i) for i in range(3)],
+    ]
+    for rows in history:
+        insert_new_kafka_records(
+            spark.createDataFrame(rows, QUARANTINE_SCHEMA),
+            quarantine,
+            kafka_key_ranges(spark.createDataFrame(rows, QUARANTINE_SCHEMA)),
+            None,
+            0,
+        )
+    for topic, partition in (("a", 0), ("b", 0)):
+        file_holding(spark, quarantine, (F.col("topic") == topic) & (F.col("partition") == partition)).unlink()
+
+    # Partition 1 of topic a, overlapping what it holds: the replayed offsets 101 and 102
+    # are found and skipped, 103 and 104 are new.
+    batch = spark.createDataFrame([quarantine_row("a", 1, 101 + i) for i in range(4)], QUARANTINE_SCHEMA)
+    insert_new_kafka_records(batch, quarantine, kafka_key_ranges(batch), "silver-stream", 0)
+
+    partition_1 = spark.read.format("delta").load(quarantine).where((F.col("topic") == "a") & (F.col("partition") == 1))
+    offsets = sorted(row.offset for row in partition_1.collect())
+    assert offsets == [100, 101, 102, 103, 104]
+
+
+def test_a_compaction_committed_during_a_merge_makes_it_retry_and_still_insert_once(spark, lakehouse, caplog, tmp_path):
+    quarantine = lakehouse.table(QUARANTINE)
+    for start in range(0, 40, 10):
+        rows = spark.createDataFrame([quarantine_row("a", 0, start + i) for i in range(10)], QUARANTINE_SCHEMA)
+        insert_new_kafka_records(rows, quarantine, kafka_key_ranges(rows), None, 0)
+    assert len(data_files(quarantine)) == 4
+
+    # The batch overlaps every file, and computing it takes long enough for a compaction
+    # of those files to commit first: Delta then refuses the MERGE's commit.
+    # The UDF runs in a Python worker process: it signals through a file.
+    started = tmp_path / "merge-started"
+
+    @F.udf(BooleanType())
+    def slowly(offset):
+        if offset == 35:
+            started.touch()
+            time.sleep(4)
+        return True
+
+    batch = spark.createDataFrame([quarantine_row("a", 0, i) for i in range(35, 45)], QUARANTINE_SCHEMA).cache()
+    ranges = kafka_key_ranges(batch)
+    slow_batch = batch.where(slowly("offset"))
+    failure = []
+
+    def compact():
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            DeltaTable.forPath(spark, quarantine).optimize().executeCompaction()
+        except Exception as error:  # noqa: BLE001 - reported below
+            failure.append(error)
+
+    compactor = threading.Thread(target=compact)
+    compactor.start()
+    with caplog.at_level(logging.WARNING):
+        insert_new_kafka_records(slow_batch, quarantine, ranges, "silver-stream", 3)
+    compactor.join(60)
+
+    assert not failure
+    operations = [row.operation for row in DeltaTable.forPath(spark, quarantine).history().orderBy("version").collect()]
+    assert operations[-2:] == ["OPTIMIZE", "MERGE"]
+    assert "conflicted" in caplog.text
+    offsets = [row.offset for row in spark.read.format("delta").load(quarantine).orderBy("offset").collect()]
+    assert offsets == list(range(45))
