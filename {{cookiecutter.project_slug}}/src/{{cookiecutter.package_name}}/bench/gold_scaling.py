@@ -20,8 +20,8 @@ from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import duration_seconds
 from ..pipeline.contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START
 from ..pipeline.sinks import add_to_windows
-from ..pipeline.tables import GOLD, Lakehouse, ensure_tables, gold_schema
-from .harness import Bench, say
+from ..pipeline.tables import GOLD, gold_schema
+from .harness import Bench, build_table, last_commit, say
 from .report import Target
 
 # The first window after every table's history: the batches start around it.
@@ -65,20 +65,15 @@ def build_gold(bench: Bench, root: Path, windows: int, commits: int) -> str:
     """A gold table of ``windows`` windows ending just before END, written in ``commits`` appends in time order."""
     if windows <= 0 or commits <= 0:
         raise ValueError(f"build_gold needs positive windows and commits, got {windows}, {commits}")
-    lakehouse = Lakehouse(str(root))
-    ensure_tables(bench.spark, lakehouse)
-    path = lakehouse.table(GOLD)
-    per_commit = math.ceil(windows / commits)
-    for first in range(-windows, 0, per_commit):
-        end = min(0, first + per_commit)
-        files = max(1, math.ceil((end - first) * len(EVENT_TYPES) / ROWS_PER_FILE))
-        gold_rows(bench, first, end, files).write.format("delta").mode("append").save(path)
-    return path
+
+    def rows_between(first: int, end: int):
+        return gold_rows(bench, first, end, max(1, math.ceil((end - first) * len(EVENT_TYPES) / ROWS_PER_FILE)))
+
+    return build_table(bench, root, GOLD, -windows, 0, commits, rows_between)
 
 
 def time_merge(bench: Bench, path: str, first_window: int, windows: int, app_id: str, batch_id: int) -> dict:
     """One gold-sink MERGE of the aggregates of ``windows`` windows from ``first_window``: time and Delta's metrics."""
-    from delta.tables import DeltaTable
 
     if windows <= 0 or batch_id < 0 or not app_id:
         raise ValueError(
@@ -92,9 +87,7 @@ def time_merge(bench: Bench, path: str, first_window: int, windows: int, app_id:
         seconds = time.perf_counter() - started
     finally:
         batch.unpersist()
-    history = DeltaTable.forPath(bench.spark, path).history(1).first()
-    metrics = {key: int(value) for key, value in (history["operationMetrics"] or {}).items() if value.isdigit()}
-    return {"seconds": seconds, "operation": history["operation"], "operation_metrics": metrics}
+    return {"seconds": seconds, **last_commit(bench, path)}
 
 
 def measure(bench: Bench) -> None:

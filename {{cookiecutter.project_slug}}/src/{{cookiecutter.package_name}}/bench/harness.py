@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..pipeline.config import LOCAL_BOOTSTRAP, Config, duration_seconds
 from ..pipeline.sinks import Delivery
-from ..pipeline.tables import LAYERS
+from ..pipeline.tables import LAYERS, Lakehouse, ensure_tables
 from .report import Metric, Target
 from .sizes import Sizes
 
@@ -97,6 +97,29 @@ def summary(run: dict) -> dict:
         # Stream start: ensure_tables, checkpoint checks, query start, source initialisation.
         result["outside_batches_s"] = run["wall_s"] - ms / 1000
     return result
+
+
+def build_table(bench: Bench, root: Path, table: str, first: int, end: int, commits: int, rows_between) -> str:
+    """Create the lakehouse tables under ``root`` (the pipeline's own layout) and fill ``table`` with
+    ``rows_between(lo, hi)`` for ``first <= lo < hi <= end`` in ``commits`` appends, in order; returns its path."""
+    if not first < end or commits <= 0:
+        raise ValueError(f"build_table needs first < end and commits > 0, got {first}, {end}, {commits}")
+    lakehouse = Lakehouse(str(root))
+    ensure_tables(bench.spark, lakehouse)
+    path = lakehouse.table(table)
+    per_commit = math.ceil((end - first) / commits)
+    for low in range(first, end, per_commit):
+        rows_between(low, min(end, low + per_commit)).write.format("delta").mode("append").save(path)
+    return path
+
+
+def last_commit(bench: Bench, path: str) -> dict:
+    """The operation of the table's newest commit and Delta's numeric metrics of it."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(bench.spark, path).history(1).first()
+    metrics = {key: int(value) for key, value in (history["operationMetrics"] or {}).items() if value.isdigit()}
+    return {"operation": history["operation"], "operation_metrics": metrics}
 
 
 def await_query(query, timeout_s: float) -> None:

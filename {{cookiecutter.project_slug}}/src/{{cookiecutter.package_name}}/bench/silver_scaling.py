@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.sinks import insert_new_kafka_records, kafka_key_ranges
-from ..pipeline.tables import AMOUNT_TYPE, SILVER, SILVER_SCHEMA, Lakehouse, ensure_tables
-from .harness import Bench, say
+from ..pipeline.tables import AMOUNT_TYPE, SILVER, SILVER_SCHEMA
+from .harness import Bench, build_table, last_commit, say
 from .report import Target
 
 KEYS = ("topic", "partition", "offset")
@@ -79,15 +79,11 @@ def build_silver(bench: Bench, root: Path, topic: str, rows: int, commits: int) 
     """A silver table of ``rows`` rows written in ``commits`` appends; returns its path."""
     if rows <= 0 or commits <= 0:
         raise ValueError(f"build_silver needs positive rows and commits, got {rows}, {commits}")
-    lakehouse = Lakehouse(str(root))
-    ensure_tables(bench.spark, lakehouse)
-    path = lakehouse.table(SILVER)
-    per_commit = math.ceil(rows / commits)
-    for first in range(0, rows, per_commit):
-        end = min(rows, first + per_commit)
-        files = math.ceil((end - first) / bench.sizes.silver_batch)
-        silver_rows(bench, topic, first, end, files).write.format("delta").mode("append").save(path)
-    return path
+
+    def rows_between(first: int, end: int):
+        return silver_rows(bench, topic, first, end, math.ceil((end - first) / bench.sizes.silver_batch))
+
+    return build_table(bench, root, SILVER, 0, rows, commits, rows_between)
 
 
 def skewed_rows(bench: Bench, first_batch: int, end_batch: int, added: int, batch_rows: int):
@@ -130,14 +126,11 @@ def build_skewed_silver(bench: Bench, root: Path, batches: int, batch_rows: int,
     """A silver table of ``batches`` batches of the skewed layout in ``commits`` appends; returns its path."""
     if batches <= 0 or commits <= 0:
         raise ValueError(f"build_skewed_silver needs positive batches and commits, got {batches}, {commits}")
-    lakehouse = Lakehouse(str(root))
-    ensure_tables(bench.spark, lakehouse)
-    path = lakehouse.table(SILVER)
-    per_commit = math.ceil(batches / commits)
-    for first in range(0, batches, per_commit):
-        end = min(batches, first + per_commit)
-        skewed_rows(bench, first, end, batches // 2, batch_rows).write.format("delta").mode("append").save(path)
-    return path
+
+    def rows_between(first: int, end: int):
+        return skewed_rows(bench, first, end, batches // 2, batch_rows)
+
+    return build_table(bench, root, SILVER, 0, batches, commits, rows_between)
 
 
 def time_merge(bench: Bench, path: str, topic: str, first: int, rows: int, app_id: str, batch_id: int) -> dict:
@@ -149,7 +142,6 @@ def time_merge(bench: Bench, path: str, topic: str, first: int, rows: int, app_i
 
 def time_merge_of(bench: Bench, path: str, batch, app_id: str, batch_id: int) -> dict:
     """One silver-sink MERGE of the silver rows ``batch``: its time and Delta's metrics."""
-    from delta.tables import DeltaTable
 
     if batch_id < 0 or not app_id:
         raise ValueError(f"time_merge needs batch_id >= 0 and an app id, got {batch_id}, {app_id!r}")
@@ -163,12 +155,9 @@ def time_merge_of(bench: Bench, path: str, batch, app_id: str, batch_id: int) ->
         seconds = time.perf_counter() - started
     finally:
         batch.unpersist()
-    history = DeltaTable.forPath(bench.spark, path).history(1).first()
-    metrics = {key: int(value) for key, value in (history["operationMetrics"] or {}).items() if value.isdigit()}
     return {
         "seconds": seconds,
-        "operation": history["operation"],
-        "operation_metrics": metrics,
+        **last_commit(bench, path),
         "batch_partitions": len(ranges),
         **files,
     }
