@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
     )
-    bench.add_argument("--quick", action="store_true", help="a smaller run (about 6 minutes)")
+    bench.add_argument("--quick", action="store_true", help="a smaller run (under 12 minutes)")
     bench.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
     bench.add_argument("--keep", action="store_true", help="keep the work directory, broker and topics")
 
