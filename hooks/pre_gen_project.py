@@ -29,6 +29,8 @@ DEPENDENCY_MODULES = {"pyspark", "delta", "confluent_kafka", "chispa", "pytest",
 SECURITY_PROTOCOLS = {"PLAINTEXT", "SSL", "SASL_SSL"}
 SASL_MECHANISMS = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 SASL_PROTOCOLS = {"SASL_SSL"}
+# A tuple, not a set: the error message lists the options in the order the prompt offers them.
+EGRESS_CHOICES = ("both", "kafka", "postgres", "none")
 
 
 def check_project_name(name: str) -> list[str]:
@@ -40,9 +42,11 @@ def check_project_name(name: str) -> list[str]:
 def check_slug(slug: str) -> list[str]:
     if not SLUG_PATTERN.fullmatch(slug):
         return [
-            f"project_slug: {slug!r} is not a valid slug; use lowercase letters, digits and "
-            "single hyphens, starting with a letter (it names the directory, the "
-            "distribution and the console script)"
+            (
+                f"project_slug: {slug!r} is not a valid slug; use lowercase letters, digits and "
+                "single hyphens, starting with a letter (it names the directory, the "
+                "distribution and the console script)"
+            )
         ]
     return []
 
@@ -50,8 +54,10 @@ def check_slug(slug: str) -> list[str]:
 def check_package(package: str) -> list[str]:
     if not PACKAGE_PATTERN.fullmatch(package):
         return [
-            f"package_name: {package!r} is not a valid Python package name; use lowercase "
-            "letters, digits and underscores, starting with a letter"
+            (
+                f"package_name: {package!r} is not a valid Python package name; use lowercase "
+                "letters, digits and underscores, starting with a letter"
+            )
         ]
     if keyword.iskeyword(package):
         return [f"package_name: {package!r} is a Python keyword"]
@@ -104,8 +110,10 @@ def check_window(duration: str) -> list[str]:
     seconds = window_seconds(duration)
     if seconds is None:
         return [
-            f"gold_window_duration: {duration!r} does not parse; write '<number> <unit>' "
-            "with unit second, minute, hour or day, e.g. '1 minute' or '30 seconds'"
+            (
+                f"gold_window_duration: {duration!r} does not parse; write '<number> <unit>' "
+                "with unit second, minute, hour or day, e.g. '1 minute' or '30 seconds'"
+            )
         ]
     if not 1 <= seconds <= MAX_WINDOW_SECONDS:
         return [f"gold_window_duration: {duration!r} must be between 1 second and 7 days"]
@@ -116,8 +124,10 @@ def check_security(protocol: str, mechanism: str) -> list[str]:
     # --no-input and extra_context bypass the choice lists, so the values are checked here too.
     if protocol not in SECURITY_PROTOCOLS:
         return [
-            f"kafka_security_protocol: {protocol!r} is not one of {', '.join(sorted(SECURITY_PROTOCOLS))} "
-            "(SASL_PLAINTEXT would send the password unencrypted)"
+            (
+                f"kafka_security_protocol: {protocol!r} is not one of {', '.join(sorted(SECURITY_PROTOCOLS))} "
+                "(SASL_PLAINTEXT would send the password unencrypted)"
+            )
         ]
     if mechanism != "none" and mechanism not in SASL_MECHANISMS:
         return [f"kafka_sasl_mechanism: {mechanism!r} is not one of none, {', '.join(sorted(SASL_MECHANISMS))}"]
@@ -125,9 +135,18 @@ def check_security(protocol: str, mechanism: str) -> list[str]:
         return [f"kafka_sasl_mechanism: kafka_security_protocol {protocol} needs a SASL mechanism"]
     if protocol not in SASL_PROTOCOLS and mechanism != "none":
         return [
-            f"kafka_sasl_mechanism: {mechanism} only applies to SASL_SSL, "
-            f"not to kafka_security_protocol {protocol}"
+            (
+                f"kafka_sasl_mechanism: {mechanism} only applies to SASL_SSL, "
+                f"not to kafka_security_protocol {protocol}"
+            )
         ]
+    return []
+
+
+def check_egress(egress: str) -> list[str]:
+    # --no-input and extra_context bypass the choice list; post_gen_project.py prunes by this value.
+    if egress not in EGRESS_CHOICES:
+        return [f"egress: {egress!r} is not one of {', '.join(EGRESS_CHOICES)}"]
     return []
 
 
@@ -139,6 +158,7 @@ def validate(answers: dict) -> list[str]:
         *check_topics(answers["kafka_topics"]),
         *check_window(answers["gold_window_duration"]),
         *check_security(answers["kafka_security_protocol"], answers["kafka_sasl_mechanism"]),
+        *check_egress(answers["egress"]),
     ]
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import TEMPLATE
 
 VALID = {
     "project_name": "Clickstream Lakehouse",
@@ -12,7 +13,11 @@ VALID = {
     "gold_window_duration": "1 minute",
     "kafka_security_protocol": "PLAINTEXT",
     "kafka_sasl_mechanism": "none",
+    "egress": "both",
+    "include_docker_compose": "yes",
+    "include_github_actions": "yes",
 }
+EGRESS_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["egress"]
 
 
 def test_default_answers_are_valid(pre_gen):
@@ -44,6 +49,7 @@ def test_default_answers_are_valid(pre_gen):
         ({"kafka_security_protocol": "SASL_SSL"}, "needs a SASL mechanism"),
         ({"kafka_sasl_mechanism": "PLAIN"}, "only applies to SASL_SSL"),
         ({"kafka_security_protocol": "SSL", "kafka_sasl_mechanism": "SCRAM-SHA-256"}, "only applies to SASL_SSL"),
+        ({"egress": "s3"}, "egress: 's3' is not one of both, kafka, postgres, none"),
     ],
 )
 def test_bad_answer_is_rejected_with_a_message_naming_it(pre_gen, answers, named):
@@ -97,3 +103,75 @@ def test_post_gen_keeps_optional_files_when_asked(post_gen, tmp_path):
 
     assert (tmp_path / "docker-compose.yml").exists()
     assert (tmp_path / ".github").exists()
+
+
+@pytest.mark.parametrize("egress", EGRESS_CHOICES)
+def test_every_egress_choice_is_accepted(pre_gen, egress):
+    assert pre_gen.check_egress(egress) == []
+    assert pre_gen.validate({**VALID, "egress": egress}) == []
+
+
+# --no-input and extra_context hand the hook any string, not one of the choices.
+@pytest.mark.parametrize("egress", ["", "Kafka", "kafka,postgres", "both ", "postgresql"])
+def test_an_egress_outside_the_choices_is_refused_listing_them(pre_gen, egress):
+    assert pre_gen.check_egress(egress) == [f"egress: {egress!r} is not one of both, kafka, postgres, none"]
+
+
+def test_the_hook_offers_the_egress_choices_of_cookiecutter_json_in_their_order(pre_gen):
+    assert list(pre_gen.EGRESS_CHOICES) == EGRESS_CHOICES
+
+
+PKG = "src/clickstream_lakehouse"
+KAFKA_EGRESS = {f"{PKG}/pipeline/egress/kafka.py", "tests/test_egress_kafka.py"}
+POSTGRES_EGRESS = {
+    f"{PKG}/pipeline/egress/postgres.py",
+    f"{PKG}/devtools/postgres_local.py",
+    "tests/test_egress_postgres.py",
+    "tests/test_postgres_local.py",
+}
+# Shared by both streams: the change feed they read.
+SHARED_EGRESS = {f"{PKG}/pipeline/egress/changes.py"}
+# The package's __init__ finds the egresses a bake kept (none after "none"), so it always stays.
+EGRESS_PACKAGE = {f"{PKG}/pipeline/egress/__init__.py"}
+# Neighbours of the pruned files that no answer removes.
+ALWAYS_KEPT = {f"{PKG}/pipeline/streams.py", f"{PKG}/devtools/kafka_local.py", "tests/test_sinks.py", *EGRESS_PACKAGE}
+
+
+def write_files(root, names):
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("# dummy\n")
+
+
+def files_under(root):
+    return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("egress", "kept"),
+    [
+        ("both", KAFKA_EGRESS | POSTGRES_EGRESS | SHARED_EGRESS),
+        ("kafka", KAFKA_EGRESS | SHARED_EGRESS),
+        ("postgres", POSTGRES_EGRESS | SHARED_EGRESS),
+        ("none", set()),
+    ],
+)
+def test_post_gen_keeps_the_egress_streams_chosen_and_nothing_else(post_gen, tmp_path, egress, kept):
+    write_files(tmp_path, KAFKA_EGRESS | POSTGRES_EGRESS | SHARED_EGRESS | ALWAYS_KEPT)
+
+    assert post_gen.main(json.dumps({**VALID, "egress": egress}), tmp_path) == 0
+
+    assert files_under(tmp_path) == kept | ALWAYS_KEPT | {".cookiecutter.json"}
+
+
+@pytest.mark.parametrize("egress", ["kafka", "postgres", "none"])
+def test_post_gen_fails_loudly_when_a_file_it_prunes_is_missing(post_gen, tmp_path, egress):
+    write_files(tmp_path, ALWAYS_KEPT)
+
+    with pytest.raises(FileNotFoundError):
+        post_gen.main(json.dumps({**VALID, "egress": egress}), tmp_path)
+
+
+def test_post_gen_fails_loudly_when_a_file_it_always_ships_is_gone(post_gen, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        post_gen.main(json.dumps({**VALID, "include_docker_compose": "no"}), tmp_path)

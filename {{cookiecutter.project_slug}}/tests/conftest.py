@@ -1,3 +1,4 @@
+import os
 import re
 import uuid
 
@@ -7,6 +8,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+
+
+def pytest_configure(config):
+    # The egresses run only in the tests that turn them on (PIPELINE_EGRESS names their sections):
+    # the other tests, and the pipeline processes they start, run the three layers.
+    os.environ.setdefault("PIPELINE_EGRESS", "none")
 
 
 def pytest_collection_modifyitems(items):
@@ -56,6 +63,7 @@ def config(tmp_path, kafka_bootstrap, topic) -> Config:
             "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
             "KAFKA_TOPICS": topic,
             "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
+            "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"],
         },
     )
 

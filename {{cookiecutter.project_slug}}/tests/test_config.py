@@ -8,6 +8,7 @@ import pytest
 from {{ cookiecutter.package_name }}.cli import resolve_local_bootstrap
 from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config, spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
@@ -26,6 +27,13 @@ def test_local_config_loads_with_its_defaults(tmp_path):
     assert config.kafka.topics == tuple(t.strip() for t in {{ cookiecutter.kafka_topics | tojson }}.split(","))
     assert config.gold_window == {{ cookiecutter.gold_window_duration | tojson }}
     assert Path(config.lakehouse_root).is_absolute()
+
+
+def test_the_local_config_turns_on_every_egress_of_the_project_and_pipeline_egress_narrows_them():
+    assert set(load_config("local", environ={}).egress) == set(installed_names())
+    assert load_config("local", environ={"PIPELINE_EGRESS": "none"}).egress == {}
+    with pytest.raises(ConfigError, match="PIPELINE_EGRESS: egress_nowhere is not an egress section"):
+        load_config("local", environ={"PIPELINE_EGRESS": "egress_nowhere"})
 
 
 def test_environment_overrides_the_file():

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ from pyspark.errors import AnalysisException
 from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
-from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
+from {{ cookiecutter.package_name }}.egress_commands import private_egress_servers
+from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.crash_points import CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
@@ -155,13 +158,19 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
 
 
 @pytest.mark.faults
-def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config):
-    report = run_chaos(config, kills=10, seed=7, records=1500)
+def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, tmp_path):
+    # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
+    packaged = load_config("local", environ={"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers})
+    with ExitStack() as servers:
+        run_config = private_egress_servers(dataclasses.replace(config, egress=packaged.egress), tmp_path, servers)
+        report = run_chaos(run_config, kills=10, seed=7, records=1500)
 
     print(report.table())
     # Kills that found the pipeline running and ended it by SIGKILL, counted by the runner.
     assert report.kills == 10
     assert report.records_committed > 0 and report.records_aborted > 0
+    # Each egress's sink was checked against the ledger too.
+    assert {f"{stream}_windows_wrong" for stream in installed_names()} <= set(report.anomalies)
     assert report.clean, report.table()
 
 

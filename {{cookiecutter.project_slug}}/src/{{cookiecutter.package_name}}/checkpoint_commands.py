@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from .pipeline import checkpoints
 from .pipeline.config import Config
+from .pipeline.egress import configured
+from .pipeline.egress import stream as egress_stream
 from .pipeline.lease import LeaseHeld, holding, read_lease
 from .pipeline.tables import STREAMS, Lakehouse, Stream, with_downstream
 
@@ -23,7 +25,8 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
         list_checkpoints(config, as_json=False, spark=spark)  # prints, returns 0
     """
     lakehouse = Lakehouse(config.lakehouse_root)
-    listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in STREAMS.items()}
+    streams = {**STREAMS, **{name: egress_stream(name) for name in configured(config)}}
+    listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
     if as_json:
         print(json.dumps(listing, indent=2))
         return 0
@@ -84,7 +87,8 @@ def reset_checkpoints(config: Config, stream: str, yes: bool, make_spark: Callab
         reset_checkpoints(config, "gold", yes=True, make_spark=lambda: spark)  # 0
     """
     lakehouse = Lakehouse(config.lakehouse_root)
-    streams = with_downstream(stream)
+    # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
+    streams = with_downstream(stream) if stream in STREAMS else [egress_stream(stream)]
     names = ", ".join(each.name for each in streams)
     doomed = [lakehouse.checkpoint(each.name) for each in streams]
     emptied = [lakehouse.table(table) for each in streams if each.rebuilt_from_source for table in each.sinks]

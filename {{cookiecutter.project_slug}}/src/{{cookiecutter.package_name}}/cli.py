@@ -16,10 +16,19 @@ import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
+from .egress_commands import (
+    LOCAL_SERVER_COMMANDS,
+    add_local_server_commands,
+    prepare_egress,
+    private_egress_servers,
+    show_egress,
+)
 from .pipeline import checkpoints
 from .pipeline.config import LOCAL_BOOTSTRAP, Config, ConfigError, load_config
+from .pipeline.egress import installed_names
 from .pipeline.tables import TableSchemaError
 
 EXIT_CONFIG = 2
@@ -36,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run pipeline streams")
-    run.add_argument("--layer", choices=["bronze", "silver", "gold", "all"], default="all")
+    run.add_argument("--layer", choices=["bronze", "silver", "gold", *installed_names(), "all"], default="all")
     run.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
 
     produce = commands.add_parser("produce-sample", help="produce sample events to the first configured topic")
@@ -55,11 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp_list = cp_actions.add_parser("list", help="each stream's checkpoint progress against its sink tables")
     cp_list.add_argument("--json", action="store_true")
     reset = cp_actions.add_parser("reset", help="reset a stream and everything downstream of it")
-    reset.add_argument("stream", choices=["bronze", "silver", "gold"])
+    reset.add_argument("stream", choices=["bronze", "silver", "gold", *installed_names()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
 
     show = commands.add_parser("show", help="print a table")
-    show.add_argument("table", choices=["bronze", "silver", "quarantine", "gold"])
+    show.add_argument("table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()])
     show.add_argument("--limit", type=int, default=20)
 
     local = commands.add_parser("kafka-local", help="a single-node Kafka broker for development")
@@ -69,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start: also listen with SASL_SSL (PLAIN, SCRAM) and with mutual TLS, on certificates made on first start",
     )
+
+    add_local_server_commands(commands)
 
     chaos = commands.add_parser(
         "chaos", help="kill and restart the pipeline at random while producing, then check exactly-once"
@@ -95,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.env, args.config)
         args.local_broker = config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP
-        if args.command in NEEDS_KAFKA:
+        shows_egress = args.command == "show" and args.table in installed_names()
+        if args.command in NEEDS_KAFKA or shows_egress:
             config = resolve_local_bootstrap(config)
             from .pipeline.kafka_io import check_connection
 
             # Before Spark: its Kafka client would retry a refused login forever.
             check_connection(config)
+            if args.command in {"run", "audit"} or shows_egress:
+                config = prepare_egress(config, provision=args.local_broker and args.command == "run")
         return COMMANDS[args.command](config, args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -140,8 +154,7 @@ def _spark(config: Config, app: str):
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
     from .pipeline.progress import ProgressReporter
-    from .pipeline.streams import run_available_now
-    from .pipeline.tables import LAYERS
+    from .pipeline.streams import run_available_now, stream_names
 
     stop_requested = threading.Event()
 
@@ -157,7 +170,7 @@ def cmd_run(config: Config, args: argparse.Namespace) -> int:
         signal.signal(signum, request_stop)
     reporter = ProgressReporter()
     spark.streams.addListener(reporter)
-    layers = LAYERS if args.layer == "all" else (args.layer,)
+    layers = stream_names(config) if args.layer == "all" else (args.layer,)
     try:
         if args.available_now:
             run_available_now(spark, config, layers)
@@ -218,9 +231,18 @@ def cmd_produce_sample(config: Config, args: argparse.Namespace) -> int:
 
 
 def describe(config: Config) -> dict:
+    from .pipeline.egress import configured
     from .pipeline.tables import SCHEMAS, STREAMS, Lakehouse
 
     lakehouse = Lakehouse(config.lakehouse_root)
+    egress = {
+        name: {
+            "source": f"change data feed of {lakehouse.table(STREAMS['gold'].sinks[0])}",
+            **module.describe(config),
+            "checkpoint": lakehouse.checkpoint(name),
+        }
+        for name, module in configured(config).items()
+    }
     return {
         "env": config.env,
         "lakehouse_root": config.lakehouse_root,
@@ -236,6 +258,7 @@ def describe(config: Config) -> dict:
             for name, stream in STREAMS.items()
         },
         "tables": {name: lakehouse.table(name) for name in SCHEMAS},
+        "egress": egress,
     }
 
 
@@ -248,6 +271,10 @@ def cmd_describe(config: Config, args: argparse.Namespace) -> int:
     for name, stream in description["streams"].items():
         print(f"stream {name}: {stream['source']} -> {', '.join(stream['sinks'].values())}")
         print(f"  checkpoint {stream['checkpoint']}")
+    for name, egress in description["egress"].items():
+        sink = ", ".join(f"{key} {value}" for key, value in egress.items() if key not in {"source", "checkpoint"})
+        print(f"egress {name}: {egress['source']} -> {sink}")
+        print(f"  checkpoint {egress['checkpoint']}")
     return 0
 
 
@@ -278,6 +305,8 @@ def cmd_show(config: Config, args: argparse.Namespace) -> int:
     from .pipeline.contract import EVENTS
     from .pipeline.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
 
+    if args.table in installed_names():
+        return show_egress(config, args.table, args.limit, _spark(config, "show"))
     name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
     table = _spark(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
     ordering = list(EVENTS.gold_key) if args.table == "gold" else KAFKA_KEY_COLUMNS
@@ -317,18 +346,16 @@ def cmd_chaos(config: Config, args: argparse.Namespace) -> int:
     workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
     # Never the configured lakehouse: the runner creates its own topic and tables.
     run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
-    broker = None
-    if args.local_broker and running_bootstrap(config.kafka_local_home) is None:
-        broker = LocalKafka(workdir / "kafka")
-        kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
-        run_config = dataclasses.replace(run_config, kafka=kafka)
-    else:
-        run_config = resolve_local_bootstrap(run_config)
-    try:
+    with ExitStack() as servers:
+        if args.local_broker and running_bootstrap(config.kafka_local_home) is None:
+            broker = LocalKafka(workdir / "kafka")
+            kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
+            servers.callback(broker.stop)
+            run_config = dataclasses.replace(run_config, kafka=kafka)
+        else:
+            run_config = resolve_local_bootstrap(run_config)
+        run_config = private_egress_servers(run_config, workdir, servers)
         report = run_chaos(run_config, args.kills, args.seed, args.records)
-    finally:
-        if broker is not None:
-            broker.stop()
     print(report.table())
     print(f"work directory: {workdir}")
     return 0 if report.clean else 1
@@ -360,6 +387,7 @@ COMMANDS = {
     "checkpoints": cmd_checkpoints,
     "show": cmd_show,
     "kafka-local": cmd_kafka_local,
+    **LOCAL_SERVER_COMMANDS,
     "chaos": cmd_chaos,
     "bench": cmd_bench,
     "setup": cmd_setup,

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .sample import EVENT_TYPES
@@ -33,6 +33,7 @@ from .sample import EVENT_TYPES
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
 ABORT_EVERY = 3
+KAFKA_EGRESS, POSTGRES_EGRESS = "kafka_egress", "postgres_egress"
 
 
 @dataclass
@@ -107,12 +108,14 @@ def verify(
     quarantine: list[tuple[str, int, int]],
     gold: list[tuple[int, str, int, Decimal]],
     window_seconds: int,
+    egress: dict[str, list[tuple[int, str, int, Decimal]]] | None = None,
 ) -> dict[str, int]:
     """Anomalies by kind (all zero when exactly-once held).
 
     bronze rows: (topic, partition, offset, key bytes); silver and quarantine
-    rows: (topic, partition, offset); gold rows: (window_start as epoch seconds,
-    event_type, event_count, amount_sum).
+    rows: (topic, partition, offset); gold rows, and the rows each egress's sink
+    holds (``egress``, by stream): (window_start as epoch seconds, event_type,
+    event_count, amount_sum).
     """
     key_at = {(t, p, o): (k or b"").decode() for t, p, o, k in bronze}
     bronze_copies = Counter((k or b"").decode() for _, _, _, k in bronze)
@@ -131,6 +134,10 @@ def verify(
     actual_gold = {(start, kind): (n, total) for start, kind, n, total in gold}
     gold_keys = set(expected_gold) | set(actual_gold)
 
+    def windows_wrong(rows: list[tuple[int, str, int, Decimal]]) -> int:
+        actual = {(start, kind): (n, total) for start, kind, n, total in rows}
+        return sum(1 for key in set(expected_gold) | set(actual) if expected_gold.get(key) != actual.get(key))
+
     return {
         "committed_missing_in_bronze": len(committed - set(bronze_copies)),
         "duplicates_in_bronze": sum(n - 1 for n in bronze_copies.values()),
@@ -140,7 +147,89 @@ def verify(
         "duplicates_in_silver_or_quarantine": sum(n - 1 for n in (silver_copies + quarantine_copies).values()),
         "in_the_wrong_table": len((set(silver_copies) & malformed) | (set(quarantine_copies) - malformed)),
         "gold_windows_wrong": sum(1 for key in gold_keys if expected_gold.get(key) != actual_gold.get(key)),
+        **{f"{stream}_windows_wrong": windows_wrong(rows) for stream, rows in (egress or {}).items()},
     }
+
+
+def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
+    """The environment that turns on each egress ``config`` has, each with a sink of this run only."""
+    sections, env = [], {}
+    if KAFKA_EGRESS in config.egress:
+        topic = f"{run}-gold"
+        changelog = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+        admin.create_topics([changelog])[topic].result(timeout=30)
+        sections.append("egress_kafka")
+        env["EGRESS_KAFKA_TOPIC"] = topic
+    if POSTGRES_EGRESS in config.egress:
+        settings = config.egress[POSTGRES_EGRESS]
+        sections.append("egress_postgres")
+        env.update(
+            EGRESS_POSTGRES_DSN=settings.dsn,
+            EGRESS_POSTGRES_PASSWORD=settings.password or "",
+            EGRESS_POSTGRES_TABLE=run.replace("-", "_"),
+        )
+    return {"PIPELINE_EGRESS": ",".join(sections) or "none", **env}
+
+
+def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int, bytes, bytes | None]]:
+    """Every record of ``topic`` a consumer with ``isolation`` sees: (partition, offset, key, value)."""
+    consumer = Consumer(
+        {
+            **client,
+            "group.id": f"chaos-oracle-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        records, ended, deadline = [], set(), time.monotonic() + 120
+        while len(ended) < len(partitions):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reading {topic} did not reach its end within 120 s")
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"reading {topic}: {message.error()}")
+                ended.add(message.partition())
+                continue
+            records.append((message.partition(), message.offset(), message.key(), message.value()))
+        return records
+    finally:
+        consumer.close()
+
+
+def folded_changelog(records: list[tuple[int, int, bytes, bytes | None]]) -> list[tuple[int, str, int, Decimal]]:
+    """The changelog folded by key in log order, a tombstone deleting: gold rows as (epoch, event_type, count, sum)."""
+    state: dict[bytes, bytes | None] = {}
+    for _, _, key, value in sorted(records, key=lambda record: (record[0], record[1])):
+        state[key] = value
+    rows = []
+    for key, value in state.items():
+        if value is None:
+            continue
+        window, figures = json.loads(key), json.loads(value, parse_float=Decimal)
+        start = int(datetime.fromisoformat(window["window_start"]).timestamp())
+        rows.append((start, window["event_type"], figures["event_count"], Decimal(figures["amount_sum"])))
+    return rows
+
+
+def repeated_versions(records: list[tuple[int, int, bytes, bytes | None]]) -> int:
+    """Records that repeat a (gold row, gold version) already published: each must appear once."""
+    seen = Counter((key, json.loads(value)["gold_version"]) for _, _, key, value in records if value is not None)
+    return sum(n - 1 for n in seen.values())
+
+
+def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
+    import psycopg
+
+    query = f"SELECT extract(epoch FROM window_start)::bigint, event_type, event_count, amount_sum FROM {table}"
+    with psycopg.connect(settings.dsn, password=settings.password) as connection:
+        return [tuple(row) for row in connection.execute(query).fetchall()]
 
 
 def pending_batches(checkpoint_root: Path) -> int:
@@ -161,6 +250,9 @@ class ChaosReport:
     records_aborted: int
     batches_replayed: int
     anomalies: dict[str, int]
+    # Records of egress transactions that a kill left open and Kafka aborted: visible to
+    # read_uncommitted consumers only.
+    egress_aborted_records: int = 0
 
     @property
     def clean(self) -> bool:
@@ -172,6 +264,7 @@ class ChaosReport:
             ("records committed", self.records_committed),
             ("records aborted", self.records_aborted),
             ("batches replayed", self.batches_replayed),
+            ("egress records aborted (read_uncommitted only)", self.egress_aborted_records),
             *((f"anomaly: {kind}", count) for kind, count in self.anomalies.items()),
         ]
         lines = [f"{name:<50} {value:>8}" for name, value in rows]
@@ -215,6 +308,7 @@ def run_chaos(
         "PIPELINE_TRIGGER_INTERVAL": "1 second",
         # Small batches: more batch boundaries for the kills to land on.
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
+        **egress_env(config, run, admin),
     }
     ledger = Ledger()
     schedule = [rng.uniform(*kill_window_s) for _ in range(kills)]
@@ -258,6 +352,14 @@ def run_chaos(
         table = spark.read.format("delta").load(lakehouse.table(name))
         return [tuple(row) for row in table.selectExpr(*columns).collect()]
 
+    egress: dict[str, list[tuple[int, str, int, Decimal]]] = {}
+    if KAFKA_EGRESS in config.egress:
+        committed = read_topic(client_config(config), env["EGRESS_KAFKA_TOPIC"], "read_committed")
+        everything = read_topic(client_config(config), env["EGRESS_KAFKA_TOPIC"], "read_uncommitted")
+        egress[KAFKA_EGRESS] = folded_changelog(committed)
+        egress_aborted = len(everything) - len(committed)
+    if POSTGRES_EGRESS in config.egress:
+        egress[POSTGRES_EGRESS] = postgres_rows(config.egress[POSTGRES_EGRESS], env["EGRESS_POSTGRES_TABLE"])
     anomalies = verify(
         ledger,
         [
@@ -269,5 +371,10 @@ def run_chaos(
         # Epoch seconds: collected timestamps would come back in the local time zone.
         rows(GOLD, "cast(window_start AS long)", "event_type", "event_count", "amount_sum"),
         duration_seconds(config.gold_window, "pipeline.gold_window"),
+        egress,
     )
-    return ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
+    if KAFKA_EGRESS in config.egress:
+        anomalies[f"{KAFKA_EGRESS}_records_repeating_a_gold_version"] = repeated_versions(committed)
+    report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
+    report.egress_aborted_records = egress_aborted if KAFKA_EGRESS in config.egress else 0
+    return report

@@ -1,4 +1,4 @@
-"""Reconcile Kafka <-> bronze <-> silver + quarantine <-> gold.
+"""Reconcile Kafka <-> bronze <-> silver + quarantine <-> gold <-> each egress's sink.
 
 Kafka offsets have gaps (transaction markers, aborted records, compaction), so
 the audit compares against the committed records that exist, read back with
@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from .config import Config
 from .contract import EVENTS, Contract
+from .egress import configured
 from .kafka_io import bootstrap_servers, spark_security_options
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from .transforms import window_aggregates
@@ -66,15 +67,27 @@ def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) 
         check_schema(name, lakehouse.table(name), schemas[name], rows.schema)
         return rows
 
-    return reconcile(
+    gold = table(GOLD)
+    report = reconcile(
         committed_kafka_records(spark, config),
         table(BRONZE),
         table(SILVER),
         table(QUARANTINE),
-        table(GOLD),
+        gold,
         config.gold_window,
         contract,
     )
+    for name, module in configured(config).items():
+        reconcile_egress(report, name, module.read_back(spark, config), gold, contract)
+        report.errors.update(module.audit_errors(spark, config))
+    return report
+
+
+def reconcile_egress(report: AuditReport, name: str, mirror: DataFrame, gold: DataFrame, contract: Contract) -> None:
+    """An egress's sink, read back as its consumers see it, must equal gold row for row."""
+    columns = gold.columns
+    report.counts[f"{name}_rows"] = mirror.count()
+    report.errors[f"{name}_rows_not_matching_gold"] = _gold_differences(mirror.select(*columns), gold, contract).count()
 
 
 def _gold_differences(expected: DataFrame, gold: DataFrame, contract: Contract) -> DataFrame:

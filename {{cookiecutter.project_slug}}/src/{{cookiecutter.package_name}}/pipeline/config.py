@@ -42,8 +42,7 @@ ENV_OVERRIDES = {
     ("kafka", "ssl_key_location"): "KAFKA_SSL_KEY_LOCATION",
     ("kafka", "ssl_key_password_file"): "KAFKA_SSL_KEY_PASSWORD_FILE",
 }
-# Secrets as environment variables, the alternative to the *_file keys.
-SASL_USERNAME_VAR = "KAFKA_SASL_USERNAME"
+SASL_USERNAME_VAR = "KAFKA_SASL_USERNAME"  # secrets: the alternative to the *_file keys
 SASL_PASSWORD_VAR = "KAFKA_SASL_PASSWORD"
 SSL_KEY_PASSWORD_VAR = "KAFKA_SSL_KEY_PASSWORD"
 
@@ -101,6 +100,7 @@ class Config:
     trigger_interval: str
     # Silver and gold: how often they look for a new commit upstream (see streams.trigger_for).
     downstream_trigger_interval: str = "1 second"
+    egress: Mapping[str, object] = field(default_factory=dict)  # by stream name (see egress/)
 
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -193,9 +193,12 @@ def _apply_env_overrides(raw: dict, environ: Mapping[str, str]) -> None:
 
 
 def _check_shape(raw: dict) -> None:
+    from .egress import sections
+
+    known = [*SCHEMA, *sections()]
     for section in raw:
-        if section not in SCHEMA:
-            raise ConfigError(f"{section}: unknown section (known: {', '.join(SCHEMA)})")
+        if section not in known:
+            raise ConfigError(f"{section}: unknown section (known: {', '.join(known)})")
     for section, keys in SCHEMA.items():
         values = raw.get(section, {})
         if not isinstance(values, dict):
@@ -217,6 +220,8 @@ def _check_shape(raw: dict) -> None:
 
 
 def _build(env: str, raw: dict, environ: Mapping[str, str]) -> Config:
+    from .egress import parse_sections
+
     kafka = raw["kafka"]
     topics = tuple(kafka["topics"])
     if not topics:
@@ -263,6 +268,7 @@ def _build(env: str, raw: dict, environ: Mapping[str, str]) -> Config:
         gold_window=pipeline["gold_window"].strip(),
         trigger_interval=pipeline["trigger_interval"].strip(),
         downstream_trigger_interval=downstream_trigger,
+        egress=parse_sections(raw, environ),
     )
 
 
@@ -282,7 +288,7 @@ def _sasl_settings(kafka: dict, protocol: str, environ: Mapping[str, str]) -> di
         raise ConfigError(
             f"kafka.sasl_username: security_protocol SASL_SSL needs a user; set it or {SASL_USERNAME_VAR}"
         )
-    password = _secret(kafka, "sasl_password_file", environ, SASL_PASSWORD_VAR)
+    password = secret(kafka, "sasl_password_file", environ, SASL_PASSWORD_VAR)
     if password is None:
         raise ConfigError(
             f"kafka.sasl_password_file: security_protocol SASL_SSL needs a password; name a file holding it "
@@ -304,7 +310,7 @@ def _tls_settings(kafka: dict, protocol: str, environ: Mapping[str, str]) -> dic
     if (certificate is None) != (key is None):
         present, missing = ("ssl_certificate_location", "ssl_key_location")[:: 1 if certificate else -1]
         raise ConfigError(f"kafka.{missing}: kafka.{present} is set, so mutual TLS needs both the certificate and key")
-    key_password = _secret(kafka, "ssl_key_password_file", environ, SSL_KEY_PASSWORD_VAR)
+    key_password = secret(kafka, "ssl_key_password_file", environ, SSL_KEY_PASSWORD_VAR)
     if certificate is None:
         if "ssl_key_password_file" in kafka:
             raise ConfigError("kafka.ssl_key_password_file: set without kafka.ssl_key_location")
@@ -337,8 +343,7 @@ def _tls_settings(kafka: dict, protocol: str, environ: Mapping[str, str]) -> dic
     return settings
 
 
-# DER of the PBES2 object identifier, 1.2.840.113549.1.5.13.
-_PBES2_OID = bytes.fromhex("06092a864886f70d01050d")
+_PBES2_OID = bytes.fromhex("06092a864886f70d01050d")  # DER of PBES2's object identifier, 1.2.840.113549.1.5.13
 
 
 def _pem_der(pem: str) -> bytes:
@@ -362,29 +367,33 @@ def _pem_file(kafka: dict, key: str, kind: str) -> str:
     return str(path)
 
 
-def _secret(kafka: dict, key: str, environ: Mapping[str, str], var: str) -> str | None:
-    """A secret from the file named by ``kafka[key]`` or from ``var``; never both, never shown."""
+def secret(values: dict, key: str, environ: Mapping[str, str], var: str, section: str = "kafka") -> str | None:
+    """A secret from the file named by ``values[key]`` or from ``var``; never both, never shown.
+
+    Example::
+
+        secret({"password_file": "/run/pg"}, "password_file", os.environ, "POSTGRES_PASSWORD", "egress_postgres")
+    """
     from_env = environ.get(var) or None
-    if key not in kafka:
+    if key not in values:
         return from_env
     if from_env is not None:
-        raise ConfigError(f"kafka.{key}: set together with {var}; use one of them")
-    path = Path(kafka[key]).expanduser()
+        raise ConfigError(f"{section}.{key}: set together with {var}; use one of them")
+    path = Path(values[key]).expanduser()
     try:
         # One trailing newline is how editors and `echo` end a file, not part of the secret.
         secret = path.read_text().removesuffix("\n").removesuffix("\r")
     except FileNotFoundError:
-        raise ConfigError(f"kafka.{key}: {str(path)!r} does not exist") from None
+        raise ConfigError(f"{section}.{key}: {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"kafka.{key}: {str(path)!r} cannot be read: {error.__class__.__name__}") from None
+        raise ConfigError(f"{section}.{key}: {str(path)!r} cannot be read: {error.__class__.__name__}") from None
     if not secret:
-        raise ConfigError(f"kafka.{key}: {str(path)!r} is empty")
+        raise ConfigError(f"{section}.{key}: {str(path)!r} is empty")
     return secret
 
 
 def _absolute_root(root: str) -> str:
-    # URIs (s3a://, hdfs://, file:/) pass through; a plain path is made absolute so
-    # tables and checkpoints do not move with the working directory of a later run.
+    # URIs pass through; a plain path is made absolute: tables must not move with the working directory.
     if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", root):
         return root.rstrip("/")
     return str(Path(root).expanduser().resolve())

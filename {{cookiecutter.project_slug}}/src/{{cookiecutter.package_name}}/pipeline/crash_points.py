@@ -10,6 +10,13 @@ Points, inside a stream's micro-batch:
                       data files), its Delta commit not yet made;
 * after_sink_commit   every sink table has committed the batch, Spark has not yet
                       written its commit-log entry: the classic duplicate window.
+
+and, inside an egress's two-phase write (reached through ``reach``):
+* after_staging       executors have staged the batch's rows in the database, the
+                      driver's transaction has not begun (PostgreSQL, large batches);
+* after_pre_commit    the pre-commit is done, the commit is not: records produced in
+                      an open Kafka transaction, or rows applied in an open database
+                      transaction.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ BEFORE_SINK_COMMIT = "before_sink_commit"
 MID_BATCH = "mid_batch"
 AFTER_SINK_COMMIT = "after_sink_commit"
 POINTS = (BEFORE_SINK_COMMIT, MID_BATCH, AFTER_SINK_COMMIT)
+AFTER_STAGING = "after_staging"
+AFTER_PRE_COMMIT = "after_pre_commit"
+EGRESS_POINTS = (AFTER_STAGING, AFTER_PRE_COMMIT)
 
 
 def _armed(stream: str, point: str, batch_id: int) -> bool:
@@ -57,3 +67,16 @@ def crash_points(session: SparkSession, stream: str, batch_id: int) -> Iterator[
     yield
     if _armed(stream, AFTER_SINK_COMMIT, batch_id):
         _crash(stream, AFTER_SINK_COMMIT, batch_id)
+
+
+def reach(stream: str, point: str, batch_id: int) -> None:
+    """A crash point inside a sink's own write; kills the driver only when armed for it.
+
+    Example::
+
+        reach("kafka_egress", AFTER_PRE_COMMIT, batch_id)  # between produce and commit
+    """
+    if point not in EGRESS_POINTS:
+        raise ValueError(f"point must be one of {', '.join(EGRESS_POINTS)}, not {point!r}")
+    if _armed(stream, point, batch_id):
+        _crash(stream, point, batch_id)

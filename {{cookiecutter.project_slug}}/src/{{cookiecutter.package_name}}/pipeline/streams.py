@@ -25,6 +25,8 @@ from . import checkpoints, lease
 from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
 from .crash_points import crash_points
+from .egress import configured
+from .egress import stream as egress_stream
 from .kafka_io import spark_source_options, topic_partitions
 from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
@@ -76,19 +78,26 @@ def start_stream(
 
         start_stream(spark, config, "silver", available_now=True).awaitTermination()
     """
-    if layer not in STREAMS:
-        raise ValueError(f"layer must be one of {', '.join(STREAMS)}, not {layer!r}")
+    egresses = configured(config)
+    if layer not in STREAMS and layer not in egresses:
+        raise ValueError(f"layer must be one of {', '.join(stream_names(config))}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse, contract)
+    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
     stream_lease = lease.acquire(spark, lakehouse, layer)
-    prepared = checkpoints.prepare(spark, lakehouse, STREAMS[layer])
+    # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
+    stream = STREAMS.get(layer) or egress_stream(layer)
+    prepared = checkpoints.prepare(spark, lakehouse, stream)
     if delivery is Delivery.AT_LEAST_ONCE:
         prepared = dataclasses.replace(prepared, stream_id=None)
     starters: dict[str, Callable[[], DataStreamWriter]] = {
         "bronze": lambda: _start_bronze(spark, config, lakehouse, prepared),
         "silver": lambda: _start_silver(spark, lakehouse, prepared, contract),
         "gold": lambda: _start_gold(spark, config, lakehouse, prepared, contract),
+        **{
+            name: (lambda module=module: module.start(spark, config, lakehouse, prepared.stream_id, contract))
+            for name, module in egresses.items()
+        },
     }
     writer = starters[layer]()
     query = (
@@ -101,11 +110,16 @@ def start_stream(
     return query
 
 
+def stream_names(config: Config) -> tuple[str, ...]:
+    """Every stream the config runs: the three layers, then each egress it turns on."""
+    return (*LAYERS, *configured(config))
+
+
 def run_available_now(
-    spark: SparkSession, config: Config, layers: tuple[str, ...] = LAYERS, contract: Contract = EVENTS
+    spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, contract: Contract = EVENTS
 ) -> None:
-    """Process everything available, one layer after the other, so each sees what the one before wrote."""
-    for layer in layers:
+    """Process everything available, one stream after the other, so each sees what the one before wrote."""
+    for layer in stream_names(config) if layers is None else layers:
         start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
 
 

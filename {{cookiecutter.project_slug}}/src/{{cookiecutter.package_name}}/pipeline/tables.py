@@ -191,20 +191,26 @@ class TableSchemaError(RuntimeError):
     """A table exists with another schema than the event contract gives it."""
 
 
-def ensure_tables(spark: SparkSession, lakehouse: Lakehouse, contract: Contract = EVENTS) -> None:
+def ensure_tables(
+    spark: SparkSession, lakehouse: Lakehouse, contract: Contract = EVENTS, change_feed: bool = False
+) -> None:
     """Create every table with its explicit schema, so streams never infer one.
 
     A table that exists already is left as it is, so it must have the schema the
     contract gives it: Delta's createIfNotExists does not compare, and a MERGE
     silently drops source columns the table lacks. A table created for another
-    contract raises TableSchemaError, naming the differences.
+    contract raises TableSchemaError, naming the differences. ``change_feed`` (an
+    egress is on) makes gold record its change data feed, on an existing gold too.
     """
     for name, schema in table_schemas(contract).items():
         path = lakehouse.table(name)
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if name in PARTITION_COLUMNS:
             builder = builder.partitionedBy(*PARTITION_COLUMNS[name])
-        for key, value in table_properties(name, contract).items():
+        properties = table_properties(name, contract)
+        if change_feed and name == GOLD:
+            properties[CHANGE_FEED] = "true"
+        for key, value in properties.items():
             builder = builder.property(key, value)
         try:
             found = builder.execute().toDF().schema
@@ -215,6 +221,19 @@ def ensure_tables(spark: SparkSession, lakehouse: Lakehouse, contract: Contract 
                 raise
             found = spark.read.format("delta").load(path).schema
         check_schema(name, path, schema, found)
+    if change_feed:
+        _enable_change_feed(spark, lakehouse.table(GOLD))
+
+
+# The egress streams read gold's changes; each MERGE then also writes what it changed.
+CHANGE_FEED = "delta.enableChangeDataFeed"
+
+
+def _enable_change_feed(spark: SparkSession, path: str) -> None:
+    properties = DeltaTable.forPath(spark, path).detail().select("properties").first()[0]
+    if properties.get(CHANGE_FEED) != "true":
+        # Only on the gold made before an egress was turned on: the feed starts at this version.
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
 
 
 def _columns(schema: StructType) -> list[tuple[str, str, bool]]:

@@ -1,0 +1,391 @@
+"""Kafka egress: gold's changes to a topic exactly once, through Kafka transactions.
+
+The two-phase commit of the classic design, with Kafka as the transactional sink:
+
+* pre-commit, during the batch: the driver produces each changed gold row in a Kafka
+  transaction; the records are in the log but hidden from read_committed consumers;
+* commit, once the batch is complete: the batch id goes into the same transaction as
+  the committed offset of a consumer group named after the stream id
+  (send_offsets_to_transaction), then the transaction commits: records and marker
+  become visible together, or neither does;
+* after a crash: the transactional id is derived from the stream id, so the restarted
+  producer fences the old one and Kafka aborts its open transaction; the marker says,
+  from Kafka alone, whether the batch Spark replays was committed. If it was, nothing
+  is published; if not, the batch is published again in full. A commit whose outcome
+  is unknown (a timeout) is resolved by reading the marker, never by guessing.
+
+The topic is a changelog: key = the gold row's key (window and dimensions) as JSON;
+value = the row's figures and the gold version that produced them as JSON, or a
+tombstone (null) when gold deleted the row. Folding by key, as a compacted topic or a
+consumer does, ends at gold. Consumers must read with isolation.level=read_committed:
+read_uncommitted consumers also see the records of aborted transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..checkpoints import CheckpointError, last_planned_batch, reset_command
+from ..config import TOPIC_PATTERN, Config, ConfigError
+from ..contract import EVENTS, Contract
+from ..crash_points import AFTER_PRE_COMMIT, crash_points, reach
+from ..kafka_io import client_config
+from ..tables import Lakehouse, gold_schema
+from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
+
+log = logging.getLogger(__name__)
+
+SECTION = "egress_kafka"
+STREAM = "kafka_egress"
+ENV_OVERRIDES = {"topic": "EGRESS_KAFKA_TOPIC"}
+# The broker's default transaction.max.timeout.ms is 15 minutes.
+MAX_TRANSACTION_TIMEOUT_MS = 900_000
+# The marker lives on one partition of the output topic: the offset the stream's
+# consumer group has committed there is the next batch id.
+MARKER_PARTITION = 0
+COMMIT_ATTEMPTS = 5
+# Kafka's own calls (init, flush, offsets) wait at most this long.
+KAFKA_TIMEOUT_S = 60.0
+
+
+class EgressError(RuntimeError):
+    """A batch could not be published; nothing of it is visible and the replay publishes it again."""
+
+
+@dataclass(frozen=True)
+class KafkaEgressSettings:
+    topic: str
+    # Longer than a batch can take: Kafka aborts a transaction open longer than this.
+    transaction_timeout_ms: int = 60_000
+
+
+def parse_settings(values: dict, environ: Mapping[str, str]) -> KafkaEgressSettings:
+    """The ``[egress_kafka]`` section, checked; ConfigError names the key.
+
+    Example::
+
+        parse_settings({"topic": "gold-changes"}, {})  # KafkaEgressSettings(topic="gold-changes", ...)
+    """
+    known = {"topic", "transaction_timeout_ms"}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    topic = values.get("topic")
+    if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic) or topic in {".", ".."}:
+        raise ConfigError(f"{SECTION}.topic: {topic!r} is not a Kafka topic name (set it, or EGRESS_KAFKA_TOPIC)")
+    timeout = values.get("transaction_timeout_ms", 60_000)
+    if isinstance(timeout, str) and re.fullmatch(r"\d+", timeout):
+        timeout = int(timeout)
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1000 <= timeout <= MAX_TRANSACTION_TIMEOUT_MS:
+        raise ConfigError(
+            f"{SECTION}.transaction_timeout_ms: {timeout!r} must be a whole number of milliseconds between 1000 "
+            f"and the broker's transaction.max.timeout.ms ({MAX_TRANSACTION_TIMEOUT_MS} by default)"
+        )
+    return KafkaEgressSettings(topic=topic, transaction_timeout_ms=timeout)
+
+
+def transactional_id(stream_id: str) -> str:
+    """The producer's transactional id: one per stream id, so a restart fences the process before it."""
+    if not stream_id:
+        raise ValueError("stream_id must be the egress stream's id")
+    return f"lakehouse-egress-{stream_id}"
+
+
+def marker_group(stream_id: str) -> str:
+    """The consumer group whose committed offset on the marker partition is the next batch id."""
+    if not stream_id:
+        raise ValueError("stream_id must be the egress stream's id")
+    return f"lakehouse-egress-{stream_id}"
+
+
+def changelog_records(latest: DataFrame, contract: Contract = EVENTS) -> DataFrame:
+    """(key, value) JSON strings of each changed gold row; value null for a deleted row.
+
+    Example::
+
+        changelog_records(latest_per_window(batch)).show(truncate=False)
+    """
+    missing = {GOLD_VERSION, DELETED, *contract.gold_key} - set(latest.columns)
+    if missing:
+        raise ValueError(f"latest must come from latest_per_window; missing {sorted(missing)}")
+    state = [*contract.gold_key, *contract.gold_values, GOLD_VERSION]
+    return latest.select(
+        F.to_json(F.struct(*contract.gold_key)).alias("key"),
+        F.when(~F.col(DELETED), F.to_json(F.struct(*state))).alias("value"),
+    )
+
+
+class KafkaEgress:
+    """Publishes batches of gold changes to ``settings.topic``, one Kafka transaction each.
+
+    Creating it fences every older producer of the same stream id and aborts its open
+    transaction. Use one per running stream, from the driver.
+
+    Example::
+
+        egress = KafkaEgress(config, config.egress["kafka_egress"], stream_id)
+        egress.publish(changes_batch, batch_id=7)
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        settings: KafkaEgressSettings,
+        stream_id: str,
+        contract: Contract = EVENTS,
+        commit_timeout_s: float = KAFKA_TIMEOUT_S,
+    ) -> None:
+        if not isinstance(settings, KafkaEgressSettings):
+            raise TypeError(f"settings must be KafkaEgressSettings, not {type(settings).__name__}")
+        if not stream_id:
+            raise ValueError("stream_id is needed: the transactional id and the marker are derived from it")
+        if not commit_timeout_s > 0:
+            raise ValueError(f"commit_timeout_s must be positive, not {commit_timeout_s!r}")
+        self.config, self.settings, self.stream_id, self.contract = config, settings, stream_id, contract
+        self.commit_timeout_s = commit_timeout_s
+        self.marker = TopicPartition(settings.topic, MARKER_PARTITION)
+        self.delivery_errors: list[str] = []
+        self.producer = Producer(
+            client_config(
+                config,
+                **{
+                    "transactional.id": transactional_id(stream_id),
+                    "transaction.timeout.ms": settings.transaction_timeout_ms,
+                    # The Java client's partitioner: the same key lands where a JVM producer puts it.
+                    "partitioner": "murmur2_random",
+                    "linger.ms": 20,
+                },
+            )
+        )
+        self.consumer = Consumer(
+            client_config(
+                config,
+                **{"group.id": marker_group(stream_id), "enable.auto.commit": False},
+                **{"isolation.level": "read_committed"},
+            )
+        )
+        self.producer.init_transactions(KAFKA_TIMEOUT_S)
+
+    def committed_batch(self, timeout_s: float = KAFKA_TIMEOUT_S) -> int | None:
+        """The last batch id committed to the topic by this stream; None before the first.
+
+        A transaction still open or being committed makes Kafka answer "unstable" until it ends;
+        past ``timeout_s`` that is a KafkaException (timed out), never a guess.
+        """
+        [found] = self.consumer.committed([TopicPartition(self.settings.topic, MARKER_PARTITION)], timeout=timeout_s)
+        if found.error is not None:
+            raise KafkaException(found.error)
+        return found.offset - 1 if found.offset >= 0 else None
+
+    def publish(self, changes: DataFrame, batch_id: int) -> int:
+        """Publish one batch of gold's change feed in one transaction; returns the records published.
+
+        A batch the marker shows as committed publishes nothing (a replay).
+        """
+        if batch_id < 0:
+            raise ValueError(f"batch_id must not be negative, got {batch_id}")
+        committed = self.committed_batch()
+        if committed is not None and committed >= batch_id:
+            log.info("%s: batch %d already committed to %s (marker %d)", STREAM, batch_id, self.marker.topic, committed)
+            return 0
+        records = changelog_records(latest_per_window(changes, self.contract), self.contract)
+        if batch_id == 0:
+            # A new stream id starts a new changelog from gold's current rows: rows an older
+            # stream published that gold no longer has get a tombstone, so folding ends at gold.
+            records = records.unionByName(self._stale_keys(changes.sparkSession, records))
+        self.producer.begin_transaction()
+        published = 0
+        for row in records.toLocalIterator():
+            self._produce(row.key, row.value)
+            published += 1
+        if published == 0:
+            self.producer.abort_transaction(KAFKA_TIMEOUT_S)
+            return 0
+        self.producer.flush(KAFKA_TIMEOUT_S)
+        reach(STREAM, AFTER_PRE_COMMIT, batch_id)
+        metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id})
+        self.producer.send_offsets_to_transaction(
+            [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
+            self.consumer.consumer_group_metadata(),
+            KAFKA_TIMEOUT_S,
+        )
+        self._commit(batch_id)
+        return published
+
+    def close(self) -> None:
+        self.consumer.close()
+        try:
+            self.producer.flush(KAFKA_TIMEOUT_S)
+        except KafkaException:
+            pass  # fenced by a newer process of this stream: nothing of ours is left to deliver
+
+    def _produce(self, key: str, value: str | None) -> None:
+        while True:
+            try:
+                encoded = None if value is None else value.encode()
+                self.producer.produce(self.settings.topic, key=key.encode(), value=encoded)
+                return
+            except BufferError:
+                # The local queue is full: deliver some, then go on.
+                self.producer.poll(0.1)
+
+    def _commit(self, batch_id: int) -> None:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.producer.commit_transaction(self.commit_timeout_s)
+                return
+            except KafkaException as error:
+                kafka_error: KafkaError = error.args[0]
+                if kafka_error.txn_requires_abort():
+                    self.producer.abort_transaction(KAFKA_TIMEOUT_S)
+                    raise EgressError(
+                        f"{STREAM}: the transaction of batch {batch_id} was aborted ({kafka_error.str()}); "
+                        "nothing of it is visible, and the batch is published again when it is replayed"
+                    ) from error
+                if not kafka_error.retriable():
+                    raise  # fatal, e.g. fenced: a newer process runs this stream
+            # The outcome is unknown: the marker, committed in the same transaction, tells.
+            try:
+                committed = self.committed_batch()
+            except KafkaException:
+                committed = None  # still unstable: the transaction has not ended yet
+            if committed is not None and committed >= batch_id:
+                log.warning("%s: commit of batch %d timed out; the marker shows it committed", STREAM, batch_id)
+                # The producer still waits for the outcome of its timed-out call and refuses to begin
+                # the next transaction (_CONFLICT) until the commit is called again: Kafka has
+                # committed, so this call completes at once.
+                self.producer.commit_transaction(KAFKA_TIMEOUT_S)
+                return
+            log.warning(
+                "%s: commit of batch %d timed out and the marker does not show it (yet); committing again "
+                "(attempt %d of %d)",
+                STREAM,
+                batch_id,
+                attempt + 1,
+                COMMIT_ATTEMPTS,
+            )
+        raise EgressError(f"{STREAM}: the commit of batch {batch_id} did not complete after {COMMIT_ATTEMPTS} tries")
+
+    def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
+        live = _folded(committed_changelog(spark, self.config, self.settings.topic))
+        return live.join(records, "key", "left_anti").select("key", F.lit(None).cast("string").alias("value"))
+
+
+def committed_changelog(spark: SparkSession, config: Config, topic: str | None = None) -> DataFrame:
+    """Every committed record of the output topic, as a read_committed consumer sees it: key, value, gold_version.
+
+    Example::
+
+        committed_changelog(spark, config).groupBy("key", "gold_version").count().where("count > 1")
+    """
+    from ..kafka_io import bootstrap_servers, spark_security_options
+
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers(config))
+        .option("subscribe", topic or config.egress[STREAM].topic)
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .options(**spark_security_options(config))
+        .load()
+        .select(
+            F.col("key").cast("string").alias("key"),
+            F.col("value").cast("string").alias("value"),
+            F.get_json_object(F.col("value").cast("string"), f"$.{GOLD_VERSION}").cast("long").alias(GOLD_VERSION),
+            "partition",
+            "offset",
+        )
+    )
+
+
+def read_back(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> DataFrame:
+    """The topic folded by key, as a consumer folds it: gold's columns and gold_version, tombstones removed.
+
+    Example::
+
+        read_back(spark, config).orderBy("window_start").show()
+    """
+    schema = gold_schema(contract).add(GOLD_VERSION, "long", False)
+    return _folded(committed_changelog(spark, config)).select(F.from_json("value", schema).alias("row")).select("row.*")
+
+
+def _folded(changelog: DataFrame) -> DataFrame:
+    # The newest value of each key; a tombstone deletes the key.
+    return (
+        changelog.groupBy("key")
+        .agg(F.max_by("value", F.struct("partition", "offset")).alias("value"))
+        .where(F.col("value").isNotNull())
+    )
+
+
+def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
+    """What the audit counts as wrong in the topic besides its fold: a (gold row, gold version) published twice."""
+    repeated = committed_changelog(spark, config).where(F.col("value").isNotNull()).groupBy("key", GOLD_VERSION).count()
+    return {f"{STREAM}_records_repeating_a_gold_version": repeated.where("count > 1").count()}
+
+
+def check_connection(config: Config) -> None:
+    """The output topic must exist (production topics are provisioned); ConfigError names the setting."""
+    topic = config.egress[STREAM].topic
+    metadata = AdminClient(client_config(config)).list_topics(timeout=30)
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None:
+        raise ConfigError(
+            f"{SECTION}.topic: topic {topic!r} does not exist on {config.kafka.bootstrap_servers}; create it "
+            "(cleanup.policy=compact suits a changelog) or set EGRESS_KAFKA_TOPIC"
+        )
+
+
+def provision_local(config: Config) -> None:
+    """Create the output topic on the development broker, compacted: a changelog keeps each key's newest value."""
+    topic = config.egress[STREAM].topic
+    admin = AdminClient(client_config(config))
+    if topic in admin.list_topics(timeout=30).topics:
+        return
+    new = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+    admin.create_topics([new])[topic].result(timeout=30)
+
+
+def describe(config: Config) -> dict:
+    settings = config.egress[STREAM]
+    return {"output_topic": settings.topic, "isolation_level_for_consumers": "read_committed"}
+
+
+def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
+    """The egress stream's writer: gold's change feed, one Kafka transaction per micro-batch.
+
+    Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint.
+
+    Example::
+
+        start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
+    """
+    egress = KafkaEgress(config, config.egress[STREAM], stream_id, contract)
+    committed = egress.committed_batch()
+    planned = last_planned_batch(spark, lakehouse.checkpoint(STREAM))
+    if committed is not None and (planned is None or committed > planned):
+        egress.close()
+        raise CheckpointError(
+            f"{STREAM}: topic {egress.settings.topic} has batch {committed} of stream {stream_id} committed "
+            f"(consumer group {marker_group(stream_id)}), but checkpoint {lakehouse.checkpoint(STREAM)} is behind "
+            f"it (last planned batch {planned}): the checkpoint is older than the topic. Way out: "
+            f"{reset_command(STREAM)}: a new stream id publishes gold's current rows as a new changelog, with "
+            "tombstones for rows gold no longer has, so consumers folding by key end at gold."
+        )
+
+    def write_batch(changes: DataFrame, batch_id: int) -> None:
+        with crash_points(changes.sparkSession, STREAM, batch_id):
+            egress.publish(changes, batch_id)
+
+    return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
+

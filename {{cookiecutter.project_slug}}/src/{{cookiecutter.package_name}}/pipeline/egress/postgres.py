@@ -1,0 +1,400 @@
+"""PostgreSQL egress: gold mirrored into a table exactly once, one database transaction per batch.
+
+The marker row (stream id, batch id) of ``<table>_egress_batches`` moves forward first (no row back:
+a replay, nothing else is done), the batch's rows are upserted and its deleted keys removed, and the
+COMMIT makes rows and marker visible together; a driver killed before it leaves nothing. Large batches
+are first staged by the executors in ``<table>_egress_staging``, keyed on (stream id, batch id, gold
+key) so that a retried task overwrites its rows. Batch 0 of a stream id (gold's snapshot) replaces
+the table's contents: a new stream id mirrors gold from scratch. Values travel as text from Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..checkpoints import CheckpointError, last_committed_batch, last_planned_batch, reset_command
+from ..config import Config, ConfigError, secret
+from ..contract import EVENTS, Contract
+from ..crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
+from ..tables import Lakehouse, TableSchemaError, gold_schema
+from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
+
+log = logging.getLogger(__name__)
+
+SECTION = "egress_postgres"
+STREAM = "postgres_egress"
+ENV_OVERRIDES = {key: f"EGRESS_POSTGRES_{key.upper()}" for key in ("dsn", "table", "password_file", "stage_above_rows")}
+PASSWORD_VAR = "EGRESS_POSTGRES_PASSWORD"
+LOCAL_DSN = "local"  # the server of `postgres-local start`; the command line resolves it
+MARKER, STAGING, KEY, STAGING_KEY = "_egress_batches", "_egress_staging", "_gold_key", "_egress_staging_key"
+TABLES, CONSTRAINTS = {"table": "", "marker": MARKER, "staging": STAGING}, {"unique": KEY, "staged_key": STAGING_KEY}
+# PostgreSQL cuts identifiers at 63 bytes: the longest name derived from the table's must still fit.
+MAX_NAME = 63 - len(STAGING_KEY)
+# Concatenated, not an f-string: doubled braces would be template syntax when the project is baked.
+TABLE_PATTERN = re.compile(r"(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-9_]{0," + str(MAX_NAME - 1) + "})")
+TIMESTAMP_TEXT = "yyyy-MM-dd HH:mm:ss.SSSSSSXXX"  # microseconds and the offset: exact in any time zone
+# By Spark's simpleString, spelled as format_type() returns them: the layout check compares strings.
+PG_TYPES = {"timestamp": "timestamp with time zone", "string": "text", "int": "integer", "double": "double precision"}
+PG_TYPES |= {name: name for name in ("bigint", "boolean", "date")}
+AUTH_FAILED = re.compile(r"authentication failed|no password supplied|password is required")
+CREATE_TABLE = "CREATE TABLE IF NOT EXISTS {table} ({columns}, CONSTRAINT {unique} UNIQUE NULLS NOT DISTINCT ({key}))"
+CREATE_MARKER = (
+    "CREATE TABLE IF NOT EXISTS {marker} (stream_id text PRIMARY KEY, batch_id bigint NOT NULL, "
+    "gold_version bigint, committed_at timestamptz NOT NULL DEFAULT now())"
+)
+# Logged, not UNLOGGED: staged rows must survive a database crash between staging and apply.
+CREATE_STAGING = (
+    "CREATE TABLE IF NOT EXISTS {staging} ({columns}, "
+    "CONSTRAINT {staged_key} UNIQUE NULLS NOT DISTINCT (stream_id, batch_id, {key}))"
+)
+ROWS, CREATE_ROWS = "egress_rows", "CREATE TEMP TABLE {rows} ({columns}) ON COMMIT DROP"  # what a COPY fills
+COLUMNS = (
+    "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+    "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+)
+MOVE_MARKER = (
+    "INSERT INTO {marker} AS m (stream_id, batch_id, gold_version) VALUES (%s, %s, %s) ON CONFLICT (stream_id) "
+    "DO UPDATE SET batch_id = EXCLUDED.batch_id, gold_version = COALESCE(EXCLUDED.gold_version, m.gold_version), "
+    "committed_at = now() WHERE m.batch_id < EXCLUDED.batch_id RETURNING batch_id"
+)
+UPSERT = (
+    "INSERT INTO {table} ({gold}) SELECT {gold} FROM ({source}) AS s WHERE NOT s.deleted "
+    "ON CONFLICT ON CONSTRAINT {unique} DO UPDATE SET {update}"
+)
+DELETE = "DELETE FROM {table} AS t USING ({source}) AS s WHERE s.deleted AND {match}"
+# An upsert, not a COPY straight into staging: a retried task overwrites what its first attempt staged.
+STAGE = (
+    "INSERT INTO {staging} (stream_id, batch_id, {staged}) SELECT %s, %s, {staged} FROM {rows} "
+    "ON CONFLICT ON CONSTRAINT {staged_key} DO UPDATE SET {update}"
+)
+MARKED = "SELECT batch_id FROM {marker} WHERE stream_id = %s"
+STAGED_BATCH = "SELECT * FROM {staging} WHERE stream_id = %s AND batch_id = %s"
+CLEAR_STAGED = "DELETE FROM {staging} WHERE stream_id = %s AND batch_id <= %s"
+
+
+@dataclass(frozen=True)
+class PostgresEgressSettings:
+    dsn: str  # libpq key=value string, or "local"
+    table: str
+    password: str | None = field(default=None, repr=False)
+    stage_above_rows: int = 10_000
+    local_home: str = ".postgres-local"
+
+
+def parse_settings(values: Mapping, environ: Mapping[str, str]) -> PostgresEgressSettings:
+    """The ``[egress_postgres]`` section, checked; ConfigError names the key and never shows a secret.
+
+    Example::
+
+        parse_settings({"dsn": "host=db dbname=app user=egress", "table": "gold_event_windows"}, os.environ)
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"values must be a mapping, not {type(values).__name__}")
+    known = {"dsn", "table", "password_file", "stage_above_rows", "local_home"}
+    for key in set(values) - known:
+        raise ConfigError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    dsn = values.get("dsn")
+    try:
+        params = {} if dsn == LOCAL_DSN else conninfo_to_dict(dsn) if isinstance(dsn, str) and dsn.strip() else None
+    except psycopg.ProgrammingError:  # not its message: it quotes pieces of the string, a password perhaps
+        params = None
+    if params is None:
+        raise ConfigError(f"{SECTION}.dsn: is not a libpq connection string 'host=... dbname=... user=...' or 'local'")
+    if "password" in params:
+        raise ConfigError(f"{SECTION}.dsn: holds a password; secrets go in password_file or {PASSWORD_VAR}, not here")
+    table = values.get("table")
+    if not isinstance(table, str) or not TABLE_PATTERN.fullmatch(table):
+        raise ConfigError(f"{SECTION}.table: {table!r} is not name or schema.name ([a-z_][a-z0-9_]*, {MAX_NAME} max)")
+    stage = values.get("stage_above_rows", 10_000)
+    stage = int(stage) if isinstance(stage, str) and stage.strip().isdigit() else stage  # from the environment
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage <= 0:
+        raise ConfigError(f"{SECTION}.stage_above_rows: {stage!r} must be a whole number of rows above 0")
+    home = values.get("local_home", ".postgres-local")
+    for key, value in (("local_home", home), ("password_file", values.get("password_file", "-"))):
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{SECTION}.{key}: must be a path")
+    password = secret(dict(values), "password_file", environ, PASSWORD_VAR, SECTION)
+    return PostgresEgressSettings(dsn, table, password, stage, home.strip())
+
+
+def _connect(settings: PostgresEgressSettings) -> psycopg.Connection:
+    # Autocommit: explicit transaction blocks. UTC: timestamps read back as stored. A timeout, never a hang.
+    if settings.dsn == LOCAL_DSN:
+        raise ConfigError(f"{SECTION}.dsn: is 'local' but names no server; run `postgres-local start` first")
+    params = conninfo_to_dict(settings.dsn)
+    opts = " ".join(filter(None, [params.get("options"), "-c TimeZone=UTC"]))
+    return psycopg.connect(settings.dsn, password=settings.password, options=opts, connect_timeout=10, autocommit=True)
+
+
+def _as_text(latest: DataFrame, layout: _Layout) -> DataFrame:
+    # The text COPY sends, in the temporary table's column order.
+    rows = latest.select(*(name for name, _, _ in layout.layouts()[1]))
+    text = [F.date_format(c, TIMESTAMP_TEXT) if t == "timestamp" else F.col(c).cast("string") for c, t in rows.dtypes]
+    return rows.select(*text)
+
+
+def _names(names: Iterable[str], template: str = "{0}") -> sql.Composed:
+    return sql.SQL(", ").join(sql.SQL(template).format(sql.Identifier(name)) for name in names)
+
+
+def _definitions(columns: Iterable[tuple[str, str, bool]]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) + sql.SQL(f" {pg}{' NOT NULL' if nn else ''}") for n, pg, nn in columns)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Table names and gold's columns in plain strings: it travels to the executors that stage rows."""
+
+    schema: str | None
+    name: str
+    columns: tuple[tuple[str, str, bool], ...]  # gold's (name, PostgreSQL type, NOT NULL)
+    key: tuple[str, ...]
+
+    @classmethod
+    def of(cls, table: str, contract: Contract) -> _Layout:
+        columns = []
+        for f in gold_schema(contract).fields:
+            spark_type = f.dataType.simpleString()
+            if spark_type not in PG_TYPES and not spark_type.startswith("decimal("):
+                raise ValueError(f"gold column {f.name} is {spark_type}, which has no PostgreSQL type in PG_TYPES")
+            columns.append((f.name, PG_TYPES.get(spark_type) or "numeric" + spark_type[7:], not f.nullable))
+        schema, name = TABLE_PATTERN.fullmatch(table).groups()
+        return cls(schema, name, tuple(columns), tuple(contract.gold_key))
+
+    def qualified(self, suffix: str = "") -> str:
+        return ".".join(filter(None, [self.schema, self.name + suffix]))
+
+    def layouts(self) -> tuple[list, list, list]:
+        """Columns of the table, of a COPY's rows (what _as_text renders) and of the staging table."""
+        version = [(GOLD_VERSION, "bigint", True)]
+        rows = [(n, pg, False) for n, pg, _ in self.columns] + version + [(DELETED, "boolean", True)]
+        return [*self.columns, *version], rows, [("stream_id", "text", True), ("batch_id", "bigint", True), *rows]
+
+    def sql(self, template: str, **parts: sql.Composable) -> sql.Composed:
+        names = {part: sql.Identifier(*filter(None, [self.schema]), self.name + s) for part, s in TABLES.items()}
+        names |= {part: sql.Identifier(self.name + s) for part, s in CONSTRAINTS.items()}  # never schema-qualified
+        return sql.SQL(template).format(**names, key=_names(self.key), rows=sql.Identifier(ROWS), **parts)
+
+
+def _copy_rows(cur: psycopg.Cursor, layout: _Layout, rows: Iterable) -> None:
+    cur.execute(layout.sql(CREATE_ROWS, columns=_definitions(layout.layouts()[1])))
+    with cur.copy(layout.sql("COPY {rows} FROM STDIN")) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def _apply(cur: psycopg.Cursor, layout: _Layout, source: sql.Composable, params: tuple) -> None:
+    """Upsert the live rows of ``source``, delete its deleted keys: the one apply SQL of both paths."""
+    gold = [name for name, _, _ in layout.layouts()[0]]
+    update = _names([name for name in gold if name not in layout.key], "{0} = EXCLUDED.{0}")
+    cur.execute(layout.sql(UPSERT, gold=_names(gold), source=source, update=update), params)
+    # = lets the key's index serve the match; IS NOT DISTINCT FROM (no index) only where a null must match a null.
+    nullable = {name for name, _, not_null in layout.columns if not not_null}
+    same = (sql.SQL("t.{0} IS NOT DISTINCT FROM s.{0}" if k in nullable else "t.{0} = s.{0}") for k in layout.key)
+    match = sql.SQL(" AND ").join(test.format(sql.Identifier(k)) for test, k in zip(same, layout.key, strict=True))
+    cur.execute(layout.sql(DELETE, source=source, match=match), params)
+
+
+def _stage_partition(settings: PostgresEgressSettings, layout: _Layout, stream_id: str, batch_id: int, rows) -> None:
+    # On an executor: the password arrives in this closure only, never in Spark's conf or logs.
+    staged = [name for name, _, _ in layout.layouts()[1]]
+    update = _names([name for name in staged if name not in layout.key], "{0} = EXCLUDED.{0}")
+    with _connect(settings) as conn, conn.transaction(), conn.cursor() as cur:
+        _copy_rows(cur, layout, rows)
+        cur.execute(layout.sql(STAGE, staged=_names(staged), update=update), (stream_id, batch_id))
+
+
+class PostgresEgress:
+    """Applies batches of gold changes to ``settings.table``, one transaction each; creating it creates the tables.
+
+    Example::
+
+        PostgresEgress(config.egress["postgres_egress"], stream_id).apply(changes_batch, batch_id=7)
+    """
+
+    def __init__(self, settings: PostgresEgressSettings, stream_id: str, contract: Contract = EVENTS) -> None:
+        if not isinstance(settings, PostgresEgressSettings) or not TABLE_PATTERN.fullmatch(settings.table):
+            raise TypeError(f"settings must be PostgresEgressSettings from parse_settings, not {settings!r}")
+        if not stream_id or not isinstance(stream_id, str):
+            raise ValueError("stream_id is needed: the marker row is keyed on it")
+        self.settings, self.stream_id, self.contract = settings, stream_id, contract
+        layout = self.layout = _Layout.of(settings.table, contract)
+        with _connect(settings) as conn, conn.transaction(), conn.cursor() as cur:
+            target, _, staging = layout.layouts()
+            cur.execute(layout.sql(CREATE_TABLE, columns=_definitions(target)))
+            cur.execute(layout.sql(CREATE_MARKER))
+            cur.execute(layout.sql(CREATE_STAGING, columns=_definitions(staging)))
+            # An existing table is left as it is, so it must be the one this contract makes.
+            for part, expected in (("table", target), ("staging", staging)):
+                found = [tuple(row) for row in cur.execute(COLUMNS, [layout.sql("{" + part + "}").as_string(conn)])]
+                if found != expected:
+                    tables = ", ".join(layout.qualified(suffix) for suffix in TABLES.values())
+                    raise TableSchemaError(
+                        f"{STREAM}: {layout.qualified(TABLES[part])} has columns {found}, gold's contract gives it "
+                        f"{expected}. Way out: drop {tables}, then {reset_command(STREAM)}: they are made again."
+                    )
+
+    def committed_batch(self) -> int | None:
+        """The last batch id this stream id committed to the table; None before the first."""
+        with _connect(self.settings) as conn:
+            found = conn.execute(self.layout.sql(MARKED), [self.stream_id]).fetchone()
+        return found and found[0]
+
+    def apply(self, changes: DataFrame, batch_id: int) -> int:
+        """Apply one batch of gold's change feed (see the class) in one transaction; its rows, 0 for a replay."""
+        if not isinstance(batch_id, int) or batch_id < 0:
+            raise ValueError(f"batch_id must be a batch number, not {batch_id!r}")
+        latest = latest_per_window(changes, self.contract).persist()  # checks that changes is gold's change feed
+        try:
+            count, version = latest.agg(F.count(F.lit(1)), F.max(GOLD_VERSION)).first()
+            rows, staged = _as_text(latest, self.layout), count > self.settings.stage_above_rows
+            if staged:
+                rows.foreachPartition(partial(_stage_partition, self.settings, self.layout, self.stream_id, batch_id))
+                reach(STREAM, AFTER_STAGING, batch_id)
+            applied = self._commit(batch_id, version, None if staged else rows)
+        finally:
+            latest.unpersist()
+        log.info("%s: batch %d: %s", STREAM, batch_id, f"{count} rows applied" if applied else "already applied")
+        return count if applied else 0
+
+    def _commit(self, batch_id: int, gold_version: int | None, rows: DataFrame | None) -> bool:
+        # The batch's one transaction: marker first, then its rows from ``rows`` (COPY) or from staging (None).
+        layout, stream = self.layout, self.stream_id
+        with _connect(self.settings) as conn, conn.transaction(), conn.cursor() as cur:
+            if cur.execute(layout.sql(MOVE_MARKER), (stream, batch_id, gold_version)).fetchone() is None:
+                cur.execute(layout.sql(CLEAR_STAGED), (stream, batch_id))  # a replay: only what it staged goes
+                return False
+            if batch_id == 0:
+                # Gold's full snapshot for a new stream id: afterwards the table holds exactly gold's rows.
+                cur.execute(layout.sql("DELETE FROM {table}"))
+                cur.execute(layout.sql("DELETE FROM {marker} WHERE stream_id <> %s"), [stream])
+                cur.execute(layout.sql("DELETE FROM {staging} WHERE stream_id <> %s"), [stream])
+            if rows is not None:
+                _copy_rows(cur, layout, rows.toLocalIterator())
+            source, params = (STAGED_BATCH, (stream, batch_id)) if rows is None else ("SELECT * FROM {rows}", ())
+            _apply(cur, layout, layout.sql(source), params)
+            # Also what an earlier attempt, a late speculative task or a lower threshold left behind.
+            cur.execute(layout.sql(CLEAR_STAGED), (stream, batch_id))
+            reach(STREAM, AFTER_PRE_COMMIT, batch_id)
+        return True
+
+
+def check_connection(config: Config) -> None:
+    """Log in once with the configured settings; ConfigError names the setting to fix, never the password.
+
+    Example::
+
+        check_connection(config)  # before Spark starts: a refused login stops the run with exit 2
+    """
+    settings = _settings(config)
+    try:
+        with _connect(settings) as conn:
+            if conn.info.server_version < 150000:  # UNIQUE NULLS NOT DISTINCT: a null dimension is still one key
+                raise ConfigError(f"{SECTION}.dsn: the server runs PostgreSQL before 15; the egress needs 15 or later")
+    except psycopg.OperationalError as error:
+        reason = " ".join(str(error).split())  # libpq's: it names host and user, never the password
+        if not AUTH_FAILED.search(reason):
+            raise ConfigError(f"{SECTION}.dsn: cannot connect with {settings.dsn!r}: {reason}") from None
+        fix = f"put its password in the file named there (or EGRESS_POSTGRES_PASSWORD_FILE), or in {PASSWORD_VAR}"
+        user = conninfo_to_dict(settings.dsn).get("user")
+        raise ConfigError(f"{SECTION}.password_file: PostgreSQL refused user {user!r} ({reason}); {fix}") from None
+
+
+def provision_local(config: Config) -> None:
+    """Nothing to provision: the stream creates its tables when it starts (kept for symmetry with kafka.py).
+
+    Example::
+
+        provision_local(config)  # does nothing
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+
+
+def describe(config: Config) -> dict:
+    """Where the egress writes; the dsn holds no password (parse_settings refuses one there).
+
+    Example::
+
+        describe(config)  # {"table": "gold_event_windows", "marker_table": "gold_event_windows_egress_batches", ...}
+    """
+    layout = _Layout.of(_settings(config).table, EVENTS)
+    return {"table": layout.qualified(), "marker_table": layout.qualified(MARKER), "dsn": _settings(config).dsn}
+
+
+def read_back(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> DataFrame:
+    """The table as its readers see it, for the audit: gold's columns and gold_version.
+
+    Example::
+
+        read_back(spark, config).orderBy("window_start").show()
+    """
+    schema = gold_schema(contract).add(GOLD_VERSION, "long", False)
+    rows = _read(config, contract, "SELECT {gold} FROM {table}", gold=_names(schema.names))
+    return spark.createDataFrame(rows, schema)  # through the driver: a mirror is gold's size; values arrive exact
+
+
+def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
+    """Wrong besides the rows: markers of other stream ids, whose batch 0 deletes them (a second writer).
+
+    Example::
+
+        audit_errors(spark, config)  # {"postgres_egress_markers_of_other_streams": 0}
+    """
+    [(markers,)] = _read(config, EVENTS, "SELECT count(*) FROM {marker}") or [(0,)]
+    return {f"{STREAM}_markers_of_other_streams": max(markers - 1, 0)}
+
+
+def _settings(config: Config) -> PostgresEgressSettings:
+    if not isinstance(config, Config) or not isinstance(config.egress.get(STREAM), PostgresEgressSettings):
+        raise ValueError(f"config must be a Config with the [{SECTION}] section")
+    return config.egress[STREAM]
+
+
+def _read(config: Config, contract: Contract, query: str, **parts: sql.Composable) -> list[tuple]:
+    layout = _Layout.of(_settings(config).table, contract)
+    with _connect(_settings(config)) as conn:
+        # Reading changes nothing: before the stream's first start there are no tables, and no rows.
+        if conn.execute("SELECT to_regclass(%s)", [layout.sql("{marker}").as_string(conn)]).fetchone()[0] is None:
+            return []
+        return conn.execute(layout.sql(query, **parts)).fetchall()
+
+
+def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
+    """The egress stream's writer, a transaction per micro-batch; CheckpointError if marker and checkpoint disagree.
+
+    Example::
+
+        start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
+    """
+    if not isinstance(lakehouse, Lakehouse):
+        raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
+    egress = PostgresEgress(_settings(config), stream_id, contract)
+    marker, checkpoint = egress.committed_batch(), lakehouse.checkpoint(STREAM)
+    planned, done = last_planned_batch(spark, checkpoint), last_committed_batch(spark, checkpoint)
+    ahead = marker is not None and (planned is None or marker > planned)
+    # Each batch moves the marker before Spark logs the batch committed: a marker behind it means lost batches.
+    behind = done is not None and (marker is None or marker < done)
+    if ahead or behind:
+        raise CheckpointError(
+            f"{STREAM}: {egress.layout.qualified(MARKER)} records batch {marker} of stream {stream_id}, checkpoint "
+            f"{checkpoint} planned batch {planned} and committed {done}: the {'checkpoint' if ahead else 'table'} is "
+            f"older than the {'table' if ahead else 'checkpoint'} (restored, dropped or emptied by another stream id's "
+            f"batch 0). Way out: {reset_command(STREAM)}: a new stream id mirrors gold again from its current rows."
+        )
+
+    def write_batch(changes: DataFrame, batch_id: int) -> None:
+        with crash_points(changes.sparkSession, STREAM, batch_id):
+            egress.apply(changes, batch_id)
+
+    return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)

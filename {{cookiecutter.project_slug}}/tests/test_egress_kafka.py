@@ -1,0 +1,521 @@
+"""The Kafka egress on a real broker, real Spark and Delta: gold leaves the lakehouse exactly once.
+
+The oracle is independent of the egress: confluent_kafka consumers read the output topic
+(read_committed, and read_uncommitted to see what aborted transactions left in the log),
+fold it by key as a compacted topic or a consumer does, and compare with gold as Spark
+reads it. The marker is read as the committed offset of the consumer group named after
+the stream id, with a plain Consumer.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from delta.tables import DeltaTable
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
+from {{ cookiecutter.package_name }}.pipeline.egress.kafka import KafkaEgress, KafkaEgressSettings
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
+from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, GOLD_SCHEMA, Lakehouse
+
+EGRESS = "kafka_egress"
+LAYERS = ("bronze", "silver", "gold")
+EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+KEY_FIELDS = {"window_start", "window_end", "event_type"}
+
+
+class Record(NamedTuple):
+    key: str | None
+    value: str | None
+    partition: int
+    offset: int
+
+
+# --- the oracle -------------------------------------------------------------------------------
+
+
+def output_topic(bootstrap: str) -> str:
+    """A fresh compacted output topic with two partitions, as production provisions it."""
+    name = f"gold-changes-{uuid.uuid4().hex[:8]}"
+    new = NewTopic(name, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic is created
+    admin.create_topics([new])[name].result(timeout=30)
+    return name
+
+
+def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict[str, str]]:
+    """Every record of ``topic`` as ``isolation`` sees it, and the topic folded by key (tombstones delete)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"oracle-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            # The end as this isolation level sees it: read_committed stops at the last stable offset.
+            "enable.partition.eof": True,
+        }
+    )
+    records: list[Record] = []
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {}
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+            ends[partition] = (low, high)
+        pending = {partition for partition, (low, high) in ends.items() if high > low}
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in sorted(pending)])
+        deadline = time.monotonic() + 60
+        while pending:
+            assert time.monotonic() < deadline, f"{topic}: not read to its end offsets {ends} within 60 s"
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(message.partition())
+                    continue
+                raise KafkaException(message.error())
+            key, value = message.key(), message.value()
+            records.append(
+                Record(
+                    None if key is None else key.decode(),
+                    None if value is None else value.decode(),
+                    message.partition(),
+                    message.offset(),
+                )
+            )
+            if message.offset() + 1 >= ends[message.partition()][1]:
+                pending.discard(message.partition())
+    finally:
+        consumer.close()
+    records.sort(key=lambda record: (record.partition, record.offset))
+    state: dict[str, str] = {}
+    partition_of: dict[str, int] = {}
+    for record in records:
+        assert record.key is not None, f"a record without a key: {record}"
+        # One key, one partition: offset order within it is the order of the key's changes.
+        assert partition_of.setdefault(record.key, record.partition) == record.partition, record
+        if record.value is None:
+            state.pop(record.key, None)
+        else:
+            state[record.key] = record.value
+    return records, state
+
+
+def instant(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    assert moment.tzinfo is not None, f"a timestamp without its offset: {text!r}"
+    return moment.astimezone(UTC)
+
+
+def gold_key(key_json: str) -> tuple:
+    key = json.loads(key_json)
+    assert set(key) == KEY_FIELDS, key
+    return instant(key["window_start"]), instant(key["window_end"]), key["event_type"]
+
+
+def value_of(value_json: str) -> dict:
+    return json.loads(value_json, parse_float=Decimal)
+
+
+def topic_rows(state: dict[str, str]) -> dict[tuple, tuple]:
+    """The folded topic as {(window_start, window_end, event_type): (event_count, amount_sum)}."""
+    rows = {}
+    for key_json, value_json in state.items():
+        key, value = gold_key(key_json), value_of(value_json)
+        # The value repeats the key's fields: it must name the same row.
+        assert (instant(value["window_start"]), instant(value["window_end"]), value["event_type"]) == key, value
+        assert isinstance(value["event_count"], int), value
+        assert isinstance(value["amount_sum"], (int, Decimal)), value
+        rows[key] = (value["event_count"], Decimal(value["amount_sum"]))
+    return rows
+
+
+def topic_versions(state: dict[str, str]) -> dict[tuple, int]:
+    return {gold_key(key): value_of(value)["gold_version"] for key, value in state.items()}
+
+
+def gold_rows(spark, path: str) -> dict[tuple, tuple]:
+    """Gold as Spark reads it, windows as UTC instants."""
+
+    def utc(micros: int) -> datetime:
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+    columns = ("unix_micros(window_start) AS ws", "unix_micros(window_end) AS we", "event_type", "event_count")
+    rows = spark.read.format("delta").load(path).selectExpr(*columns, "amount_sum").collect()
+    return {(utc(row.ws), utc(row.we), row.event_type): (row.event_count, row.amount_sum) for row in rows}
+
+
+def assert_each_version_once(records: list[Record]) -> None:
+    """Each (key, gold_version) at most once among the records: no batch was published twice."""
+    seen = Counter((gold_key(r.key), value_of(r.value)["gold_version"]) for r in records if r.value is not None)
+    doubled = {pair: count for pair, count in seen.items() if count > 1}
+    assert not doubled, f"published more than once: {doubled}"
+
+
+def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
+    """The offset committed on partition 0 by the stream's consumer group: the next batch id; None when none."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"lakehouse-egress-{stream_id}", "enable.auto.commit": False}
+    )
+    try:
+        [found] = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+    finally:
+        consumer.close()
+    assert found.error is None, found.error
+    return found.offset if found.offset >= 0 else None
+
+
+# --- the pipeline under test ------------------------------------------------------------------
+
+
+def with_egress(config, topic: str):
+    return dataclasses.replace(config, egress={EGRESS: KafkaEgressSettings(topic=topic)})
+
+
+def produce_sample(config, count: int, seed: int) -> None:
+    records = sample_records(count, seed, start=EVENT_START, prefix=f"k{seed}")
+    produce(client_config(config), config.kafka.topics[0], records, transaction_size=100)
+
+
+def run(spark, config, *layers: str) -> None:
+    for layer in layers:
+        start_stream(spark, config, layer, available_now=True).awaitTermination()
+
+
+def gold_path(config) -> str:
+    return Lakehouse(config.lakehouse_root).table(GOLD)
+
+
+def checkpoint(config, stream: str = EGRESS) -> Path:
+    return Path(Lakehouse(config.lakehouse_root).checkpoint(stream))
+
+
+def stream_id(config) -> str:
+    return json.loads((checkpoint(config) / "metadata").read_text().splitlines()[0])["id"]
+
+
+def batches(config, log: str) -> list[int]:
+    return sorted(int(path.name) for path in (checkpoint(config) / log).glob("[0-9]*"))
+
+
+def assert_topic_is_gold(spark, config, topic: str, once: bool = True) -> list[Record]:
+    """read_committed, folded, equals gold (and each gold version published once); returns the committed records."""
+    records, state = fold(config.kafka.bootstrap_servers, topic, "read_committed")
+    gold = gold_rows(spark, gold_path(config))
+    assert topic_rows(state) == gold
+    if once:
+        assert_each_version_once(records)
+    return records
+
+
+def cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def pipeline_vars(config, topic: str) -> dict[str, str]:
+    """The environment of the command line for this test's broker, lakehouse and output topic."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "PIPELINE_EGRESS": "egress_kafka",
+        "EGRESS_KAFKA_TOPIC": topic,
+    }
+
+
+def cli_env(config, topic: str, **extra: str) -> dict:
+    return {**os.environ, **pipeline_vars(config, topic), **extra}
+
+
+def in_process_cli(monkeypatch, config, topic: str):
+    """The command line's main() in this process (its Spark session is the tests'), on this test's setup."""
+    for name, value in pipeline_vars(config, topic).items():
+        monkeypatch.setenv(name, value)
+    return main
+
+
+def tiny_gold(spark, path: str, rows: int = 3) -> None:
+    """A gold table with its change data feed: version 0 created, version 1 ``rows`` windows."""
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(GOLD_SCHEMA).property(
+        "delta.enableChangeDataFeed", "true"
+    ).execute()
+    data = [
+        (
+            EVENT_START + timedelta(minutes=i),
+            EVENT_START + timedelta(minutes=i + 1),
+            "purchase",
+            i + 1,
+            Decimal(f"{i * 10 + 1}.25"),
+        )
+        for i in range(rows)
+    ]
+    spark.createDataFrame(data, GOLD_SCHEMA).write.format("delta").mode("append").save(path)
+
+
+def change_feed(spark, path: str, starting_version: int):
+    return (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", starting_version)
+        .load(path)
+    )
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def test_topic_folds_to_gold_and_a_rerun_publishes_only_the_changed_rows(spark, config, kafka_bootstrap):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    produce_sample(config, 300, seed=11)
+
+    run(spark, config, *LAYERS, EGRESS)
+
+    first = assert_topic_is_gold(spark, config, out)
+    assert first and all(record.value is not None for record in first)
+    sid = stream_id(config)
+    assert marker(kafka_bootstrap, out, sid) == batches(config, "commits")[-1] + 1
+    _, state = fold(kafka_bootstrap, out, "read_committed")
+    gold_before, versions_before = topic_rows(state), topic_versions(state)
+
+    # Same event-time range: most windows get more events, so gold updates them.
+    produce_sample(config, 150, seed=12)
+    run(spark, config, *LAYERS, EGRESS)
+
+    second = assert_topic_is_gold(spark, config, out)
+    assert set(first) <= set(second)
+    assert marker(kafka_bootstrap, out, sid) == batches(config, "commits")[-1] + 1
+    _, state = fold(kafka_bootstrap, out, "read_committed")
+    gold_after, versions_after = topic_rows(state), topic_versions(state)
+    changed = {key for key in gold_after if gold_before.get(key) != gold_after[key]}
+    assert changed
+    for key in gold_after:
+        if key in changed and key in versions_before:
+            assert versions_after[key] > versions_before[key], key
+        elif key not in changed:
+            assert versions_after[key] == versions_before[key], key
+    # The rerun published each changed row once and nothing else.
+    assert len(second) - len(first) == len(changed)
+
+
+def test_gold_reset_publishes_tombstones_then_the_rebuilt_rows(spark, config, kafka_bootstrap, monkeypatch):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    produce_sample(config, 200, seed=21)
+    run(spark, config, *LAYERS, EGRESS)
+    before = assert_topic_is_gold(spark, config, out)
+    rows_before = gold_rows(spark, gold_path(config))
+
+    # Gold is emptied and its checkpoint forgotten; the egress follows gold's change feed on.
+    assert cli_main(["checkpoints", "reset", "gold", "--yes"]) == 0
+    run(spark, config, EGRESS)
+
+    emptied, state = fold(kafka_bootstrap, out, "read_committed")
+    assert state == {} and gold_rows(spark, gold_path(config)) == {}
+    tombstones = [record for record in emptied if record not in set(before)]
+    assert all(record.value is None for record in tombstones)
+    assert sorted(record.key for record in tombstones) == sorted({record.key for record in before})
+
+    run(spark, config, "gold", EGRESS)
+
+    rebuilt = assert_topic_is_gold(spark, config, out)
+    assert gold_rows(spark, gold_path(config)) == rows_before
+    assert len(rebuilt) == len(emptied) + len(rows_before)
+
+    # Reset and rebuilt before the egress runs: one batch holds the deletes and the inserts,
+    # the newest change of each row wins (no tombstone, the rebuilt row).
+    assert cli_main(["checkpoints", "reset", "gold", "--yes"]) == 0
+    run(spark, config, "gold", EGRESS)
+    again = assert_topic_is_gold(spark, config, out)
+    assert gold_rows(spark, gold_path(config)) == rows_before
+    assert len(again) == len(rebuilt) + len(rows_before)
+
+
+# --- crash points, through the command line ---------------------------------------------------
+
+
+@pytest.mark.faults
+def test_crash_points_in_the_egress_neither_lose_nor_double_a_batch(spark, config, kafka_bootstrap):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    produce_sample(config, 200, seed=31)
+
+    # 1. Killed between produce+flush and the commit: the records are in the log, invisible.
+    crash_at = f"{EGRESS}:{AFTER_PRE_COMMIT}:0"
+    crashed = cli("run", "--layer", "all", "--available-now", env=cli_env(config, out, **{CRASH_POINT_VAR: crash_at}))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert f"crash point {crash_at}" in crashed.stderr
+    gold = gold_rows(spark, gold_path(config))
+    assert gold
+    uncommitted, uncommitted_state = fold(kafka_bootstrap, out, "read_uncommitted")
+    assert topic_rows(uncommitted_state) == gold
+    assert len(uncommitted) == len(gold)
+    committed, _ = fold(kafka_bootstrap, out, "read_committed")
+    assert committed == []
+    sid = stream_id(config)
+    assert marker(kafka_bootstrap, out, sid) is None
+    assert batches(config, "offsets") == [0] and batches(config, "commits") == []
+
+    # 2. The restart fences the dead producer (its transaction is aborted) and publishes batch 0
+    #    again; this time killed after the Kafka commit, before Spark's commit log.
+    crash_at = f"{EGRESS}:{AFTER_SINK_COMMIT}:0"
+    crashed = cli("run", "--layer", "all", "--available-now", env=cli_env(config, out, **{CRASH_POINT_VAR: crash_at}))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert f"crash point {crash_at}" in crashed.stderr
+    committed = assert_topic_is_gold(spark, config, out)
+    assert len(committed) == len(gold)
+    aborted = {(record.partition, record.offset) for record in uncommitted}
+    assert not aborted & {(record.partition, record.offset) for record in committed}
+    everything, _ = fold(kafka_bootstrap, out, "read_uncommitted")
+    assert len(everything) == len(uncommitted) + len(committed)
+    assert marker(kafka_bootstrap, out, sid) == 1
+    assert batches(config, "offsets") == [0] and batches(config, "commits") == []
+
+    # 3. A clean run replays batch 0: the marker shows it committed, nothing is published.
+    recovered = cli("run", "--layer", "all", "--available-now", env=cli_env(config, out))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert assert_topic_is_gold(spark, config, out) == committed
+    assert marker(kafka_bootstrap, out, sid) == 1
+    assert batches(config, "commits") == [0]
+    assert stream_id(config) == sid
+
+
+# --- the egress object: fencing and an unknown commit outcome ----------------------------------
+
+
+def test_a_second_egress_of_the_same_stream_fences_the_first_and_aborts_its_transaction(
+    spark, config, kafka_bootstrap, tmp_path
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+
+    first = KafkaEgress(config, config.egress[EGRESS], sid)
+    second = None
+    try:
+        first.producer.begin_transaction()
+        for number in range(3):
+            first.producer.produce(out, key=f"open-{number}".encode(), value=b"never visible")
+        first.producer.flush(30)
+        assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
+
+        second = KafkaEgress(config, config.egress[EGRESS], sid)
+
+        # The open transaction was aborted when the second one started: read_committed sees nothing.
+        assert fold(kafka_bootstrap, out, "read_committed")[0] == []
+        with pytest.raises(KafkaException) as commit:
+            first.producer.commit_transaction(30)
+        error = commit.value.args[0]
+        assert error.fatal() and error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), error
+        with pytest.raises(KafkaException) as publish:
+            first.publish(change_feed(spark, gold, 0), batch_id=0)
+        assert publish.value.args[0].fatal(), publish.value
+
+        assert second.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert topic_rows(state) == gold_rows(spark, gold)
+        assert len(records) == 3 and all(not record.key.startswith("open-") for record in records)
+        assert marker(kafka_bootstrap, out, sid) == 1
+    finally:
+        with contextlib.suppress(KafkaException):  # a fenced producer fails its flush too
+            first.close()
+        if second is not None:
+            second.close()
+
+
+def test_a_commit_that_times_out_is_resolved_through_the_marker(spark, config, kafka_bootstrap, tmp_path, caplog):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    egress = KafkaEgress(config, config.egress[EGRESS], sid, commit_timeout_s=0.001)
+    logger = "{{ cookiecutter.package_name }}.pipeline.egress.kafka"
+    try:
+        with caplog.at_level(logging.WARNING, logger=logger):
+            assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        timed_out = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+        assert timed_out, "a 1 ms commit timeout did not time out: the unknown-outcome path was not exercised"
+        assert any("marker shows it committed" in message for message in timed_out), timed_out
+        assert marker(kafka_bootstrap, out, sid) == 1
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert len(records) == 3 and topic_rows(state) == gold_rows(spark, gold)
+
+        # The same producer goes on with the next batch after an outcome resolved through the marker.
+        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
+        assert egress.publish(change_feed(spark, gold, 2), batch_id=1) == 1
+        assert marker(kafka_bootstrap, out, sid) == 2
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert len(records) == 4 and topic_rows(state) == gold_rows(spark, gold)
+        assert_each_version_once(records)
+        # A replay of a batch the marker shows publishes nothing.
+        assert egress.publish(change_feed(spark, gold, 2), batch_id=1) == 0
+        assert len(fold(kafka_bootstrap, out, "read_committed")[0]) == 4
+    finally:
+        egress.close()
+
+
+# --- the start refusal ------------------------------------------------------------------------
+
+
+def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_reset(
+    spark, config, kafka_bootstrap, monkeypatch, capsys
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    # Any gold with its change feed will do: the egress follows the table, not the layers above.
+    tiny_gold(spark, gold_path(config), rows=4)
+    run(spark, config, EGRESS)
+    before = assert_topic_is_gold(spark, config, out)
+    old_id = stream_id(config)
+    assert marker(kafka_bootstrap, out, old_id) == 1
+
+    # The checkpoint loses its progress but keeps its id: Spark would plan batch 0 again.
+    shutil.rmtree(checkpoint(config) / "offsets")
+    shutil.rmtree(checkpoint(config) / "commits")
+    capsys.readouterr()
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert "refusing to start" in refusal
+    assert f"checkpoints reset {EGRESS}" in refusal
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    # A row gold no longer has: the new changelog must delete it for consumers.
+    DeltaTable.forPath(spark, gold_path(config)).delete("event_count = 1")
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+
+    # A new stream id: gold's current rows published again, and a tombstone for the deleted one.
+    records = assert_topic_is_gold(spark, config, out, once=False)
+    new_id = stream_id(config)
+    assert new_id != old_id
+    assert marker(kafka_bootstrap, out, new_id) == batches(config, "commits")[-1] + 1
+    published = [record for record in records if record not in set(before)]
+    assert len(published) == 4
+    assert [record.value for record in published].count(None) == 1

@@ -1,0 +1,326 @@
+"""The PostgreSQL egress on the real broker, Spark, Delta and a real PostgreSQL: the table mirrors gold exactly.
+
+Each test has its own lakehouse and its own target table on one PostgreSQL server for the module.
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
+from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline import checkpoints
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
+from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
+from {{ cookiecutter.package_name }}.pipeline.crash_points import (
+    AFTER_PRE_COMMIT,
+    AFTER_SINK_COMMIT,
+    AFTER_STAGING,
+    CRASH_POINT_VAR,
+)
+from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
+    STREAM,
+    PostgresEgress,
+    audit_errors,
+    check_connection,
+    describe,
+    parse_settings,
+    read_back,
+    start,
+)
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
+from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
+
+# Large batches are staged by Python code on the executors: their Python must be this one, which has the
+# project and psycopg (Spark's default is the first python3 on PATH). Set before the session starts.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+KEY, VALUES = list(EVENTS.gold_key), list(EVENTS.gold_values)
+TIMESTAMPS = {"window_start", "window_end"}
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory) -> tuple[str, str]:
+    """A real PostgreSQL server for this module: (dsn without password, password)."""
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"))
+    dsn = server.start()
+    yield dsn, server.password_file.read_text().strip()
+    server.stop()
+
+
+def connect(postgres) -> psycopg.Connection:
+    dsn, password = postgres
+    return psycopg.connect(dsn, password=password, autocommit=True, connect_timeout=10)
+
+
+def with_egress(config, postgres, table: str, **values):
+    """``config`` with only this egress on, writing ``table`` on the test server."""
+    dsn, password = postgres
+    settings = parse_settings({"dsn": dsn, "table": table, **values}, {"EGRESS_POSTGRES_PASSWORD": password})
+    return dataclasses.replace(config, egress={STREAM: settings})
+
+
+def produce_events(config, count: int, seed: int, start: datetime = EVENT_START) -> None:
+    records = list(sample_records(count, seed, start=start, prefix=f"pg{seed}"))
+    produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
+
+
+def gold_path(config) -> str:
+    return Lakehouse(config.lakehouse_root).table(GOLD)
+
+
+def gold_mirror(spark, config) -> dict[tuple, tuple]:
+    """Gold as the egress must mirror it: key -> (values..., gold version of the row's last change)."""
+    as_micros = [F.unix_micros(c).alias(c) if c in TIMESTAMPS else F.col(c) for c in KEY]
+    gold = spark.read.format("delta").load(gold_path(config)).select(*as_micros, *VALUES)
+    changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+    versions = (
+        changes.load(gold_path(config))
+        .where(F.col("_change_type").isin("insert", "update_postimage"))
+        .select(*as_micros, "_commit_version")
+        .groupBy(*KEY)
+        .agg(F.max("_commit_version").alias("gold_version"))
+    )
+    # A left join on a key whose dimensions may be null: null-safe equality.
+    on = [gold[c].eqNullSafe(versions[c]) for c in KEY]
+    rows = gold.join(versions, on, "left").select(*(gold[c] for c in KEY), *VALUES, "gold_version").collect()
+    return {tuple(row[: len(KEY)]): tuple(row[len(KEY) :]) for row in rows}
+
+
+def table_mirror(postgres, table: str) -> dict[tuple, tuple]:
+    """The PostgreSQL table, timestamps as exact epoch microseconds."""
+    key = ", ".join(f"(extract(epoch FROM {c}) * 1000000)::bigint" if c in TIMESTAMPS else c for c in KEY)
+    with connect(postgres) as conn:
+        rows = conn.execute(f"SELECT {key}, {', '.join(VALUES)}, gold_version FROM {table}").fetchall()
+    return {tuple(row[: len(KEY)]): tuple(row[len(KEY) :]) for row in rows}
+
+
+def assert_mirrors_gold(spark, config, postgres, table: str) -> dict:
+    expected = gold_mirror(spark, config)
+    found = table_mirror(postgres, table)
+    assert expected and all(values[-1] is not None for values in expected.values())
+    assert found == expected
+    return found
+
+
+def markers(postgres, table: str) -> dict[str, int]:
+    with connect(postgres) as conn:
+        return dict(conn.execute(f"SELECT stream_id, batch_id FROM {table}_egress_batches").fetchall())
+
+
+def staged_rows(postgres, table: str) -> int:
+    with connect(postgres) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}_egress_staging").fetchone()[0]
+
+
+def row_versions(postgres, table: str) -> list:
+    """Each row's xmin and the marker's commit time: any rewrite, even to the same values, changes them."""
+    with connect(postgres) as conn:
+        rows = conn.execute(f"SELECT xmin::text FROM {table} ORDER BY 1").fetchall()
+        return rows + conn.execute(f"SELECT batch_id, committed_at FROM {table}_egress_batches").fetchall()
+
+
+def egress_checkpoint(config) -> Path:
+    return Path(Lakehouse(config.lakehouse_root).checkpoint(STREAM))
+
+
+def test_the_table_mirrors_gold_row_for_row_and_a_replayed_batch_changes_nothing(spark, config, postgres):
+    config = with_egress(config, postgres, "gold_mirror")
+    produce_events(config, 300, seed=1)
+
+    run_available_now(spark, config)
+
+    assert_mirrors_gold(spark, config, postgres, "gold_mirror")
+    [(stream_id, batch)] = markers(postgres, "gold_mirror").items()
+    assert batch == checkpoints.last_committed_batch(spark, str(egress_checkpoint(config)))
+    assert describe(config)["marker_table"] == "gold_mirror_egress_batches"
+    # What the audit reads: the table through Spark, exact.
+    as_micros = [F.unix_micros(c).alias(c) if c in TIMESTAMPS else F.col(c) for c in KEY]
+    read = read_back(spark, config).select(*as_micros, *VALUES, "gold_version").collect()
+    assert {tuple(row[: len(KEY)]): tuple(row[len(KEY) :]) for row in read} == gold_mirror(spark, config)
+    assert audit_errors(spark, config) == {"postgres_egress_markers_of_other_streams": 0}
+
+    # As if the driver died after the database commit, before Spark's commit-log entry: Spark replays the batch.
+    before = row_versions(postgres, "gold_mirror")
+    (egress_checkpoint(config) / "commits" / str(batch)).unlink()
+    (egress_checkpoint(config) / "commits" / f".{batch}.crc").unlink(missing_ok=True)
+    run_available_now(spark, config, (STREAM,))
+    assert checkpoints.last_committed_batch(spark, str(egress_checkpoint(config))) == batch
+    assert row_versions(postgres, "gold_mirror") == before
+
+    # Gold rows deleted, then more events (windows updated and new ones): the next batch carries all three.
+    refunds = {key for key in gold_mirror(spark, config) if key[2] == "refund"}
+    DeltaTable.forPath(spark, gold_path(config)).delete("event_type = 'refund'")
+    produce_events(config, 200, seed=2, start=EVENT_START + timedelta(minutes=5))
+    run_available_now(spark, config)
+
+    mirrored = assert_mirrors_gold(spark, config, postgres, "gold_mirror")
+    assert refunds - set(mirrored), "the windows before the new events stay deleted"
+    assert markers(postgres, "gold_mirror") == {stream_id: batch + 1}
+
+    # A new stream id's first batch (gold's snapshot) replaces whatever the table held.
+    with connect(postgres) as conn:
+        conn.execute("INSERT INTO gold_mirror VALUES ('2020-01-01 00:00Z', '2020-01-01 00:01Z', 'stale', 1, 1.00, 1)")
+    snapshot = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+    assert PostgresEgress(config.egress[STREAM], "new-stream").apply(snapshot.load(gold_path(config)), 0) > 0
+    assert_mirrors_gold(spark, config, postgres, "gold_mirror")
+    assert markers(postgres, "gold_mirror") == {"new-stream": 0}
+
+
+def test_a_large_batch_is_staged_by_the_executors_and_the_staging_table_ends_empty(spark, config, postgres):
+    config = with_egress(config, postgres, "gold_staged", stage_above_rows=1)
+    produce_events(config, 300, seed=3)
+
+    run_available_now(spark, config)
+
+    assert_mirrors_gold(spark, config, postgres, "gold_staged")
+    assert staged_rows(postgres, "gold_staged") == 0
+    DeltaTable.forPath(spark, gold_path(config)).delete("event_type = 'page_view'")
+    run_available_now(spark, config, (STREAM,))
+    assert "page_view" not in {key[2] for key in assert_mirrors_gold(spark, config, postgres, "gold_staged")}
+    assert staged_rows(postgres, "gold_staged") == 0
+
+    # The table ahead of the checkpoint (a checkpoint restored from a copy, say) refuses to start.
+    stream_id = checkpoints.read_stream_id(spark, str(egress_checkpoint(config)), STREAM)
+    with connect(postgres) as conn:
+        conn.execute("UPDATE gold_staged_egress_batches SET batch_id = batch_id + 5")
+    lakehouse = Lakehouse(config.lakehouse_root)
+    with pytest.raises(checkpoints.CheckpointError, match=r"gold_staged_egress_batches.*reset postgres_egress"):
+        start(spark, config, lakehouse, stream_id)
+    # And the table behind it (restored from an older backup, dropped) too: batches would be missing.
+    with connect(postgres) as conn:
+        conn.execute("DELETE FROM gold_staged_egress_batches")
+    with pytest.raises(checkpoints.CheckpointError, match=r"table .*is older than the checkpoint"):
+        start(spark, config, lakehouse, stream_id)
+
+
+# --- through the command line, in a process of its own -------------------------------------------------
+
+
+def pipeline(*args: str, env: dict) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def pipeline_env(config, postgres, table: str, **extra: str) -> dict:
+    dsn, password = postgres
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("EGRESS_", CRASH_POINT_VAR))}
+    return {
+        **env,
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "PIPELINE_EGRESS": "egress_postgres",
+        "EGRESS_POSTGRES_DSN": dsn,
+        "EGRESS_POSTGRES_PASSWORD": password,
+        "EGRESS_POSTGRES_TABLE": table,
+        **extra,
+    }
+
+
+def crash_at(config, postgres, point: str, **extra: str) -> None:
+    crash = f"{STREAM}:{point}:0"
+    env = pipeline_env(config, postgres, "gold_crash", **{CRASH_POINT_VAR: crash}, **extra)
+    crashed = pipeline("run", "--layer", "all", "--available-now", env=env)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert f"crash point {crash}" in crashed.stderr
+
+
+@pytest.mark.faults
+def test_a_crash_at_any_point_of_the_egress_loses_and_doubles_nothing(spark, config, postgres):
+    produce_events(config, 300, seed=4)
+
+    # Executors staged batch 0, the driver's transaction never began: nothing in the table.
+    crash_at(config, postgres, AFTER_STAGING, EGRESS_POSTGRES_STAGE_ABOVE_ROWS="1")
+    gold_rows = len(gold_mirror(spark, config))
+    assert staged_rows(postgres, "gold_crash") == gold_rows
+    assert table_mirror(postgres, "gold_crash") == {} and markers(postgres, "gold_crash") == {}
+
+    # Staged again (overwritten, not doubled), applied in the open transaction, killed before COMMIT.
+    crash_at(config, postgres, AFTER_PRE_COMMIT, EGRESS_POSTGRES_STAGE_ABOVE_ROWS="1")
+    assert staged_rows(postgres, "gold_crash") == gold_rows
+    assert table_mirror(postgres, "gold_crash") == {} and markers(postgres, "gold_crash") == {}
+
+    # Committed to PostgreSQL, killed before Spark's commit-log entry: the table is right already.
+    crash_at(config, postgres, AFTER_SINK_COMMIT)
+    assert_mirrors_gold(spark, config, postgres, "gold_crash")
+    assert list(markers(postgres, "gold_crash").values()) == [0]
+    assert staged_rows(postgres, "gold_crash") == 0
+    before = row_versions(postgres, "gold_crash")
+
+    # The rerun replays batch 0: the marker makes it a no-op.
+    recovered = pipeline("run", "--layer", "all", "--available-now", env=pipeline_env(config, postgres, "gold_crash"))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert row_versions(postgres, "gold_crash") == before
+    assert_mirrors_gold(spark, config, postgres, "gold_crash")
+    assert checkpoints.last_committed_batch(spark, str(egress_checkpoint(config))) == 0
+
+
+def test_a_wrong_password_stops_the_run_with_exit_2_naming_the_setting(config, postgres):
+    wrong = "not-" + postgres[1]
+    env = pipeline_env(config, postgres, "gold_password", EGRESS_POSTGRES_PASSWORD=wrong)
+
+    refused = pipeline("run", "--layer", STREAM, "--available-now", env=env)
+
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "config error: egress_postgres.password_file" in refused.stderr
+    assert "EGRESS_POSTGRES_PASSWORD" in refused.stderr and wrong not in refused.stderr + refused.stdout
+
+
+def test_check_connection_names_the_setting_to_fix_and_never_the_password(config, postgres):
+    check_connection(with_egress(config, postgres, "gold_checked"))
+
+    wrong = "not-" + postgres[1]
+    settings = parse_settings({"dsn": postgres[0], "table": "gold_checked"}, {"EGRESS_POSTGRES_PASSWORD": wrong})
+    refused = dataclasses.replace(config, egress={STREAM: settings})
+    with pytest.raises(ConfigError, match=r"^egress_postgres\.password_file: .*user 'pipeline'") as error:
+        check_connection(refused)
+    assert wrong not in str(error.value) and wrong not in repr(refused.egress[STREAM])
+
+    unreachable = with_egress(config, postgres, "gold_checked", dsn="host=127.0.0.1 port=1 dbname=lakehouse")
+    with pytest.raises(ConfigError, match=r"^egress_postgres\.dsn: cannot connect"):
+        check_connection(unreachable)
+    with pytest.raises(ConfigError, match=r"^egress_postgres\.dsn: is 'local'"):
+        check_connection(with_egress(config, postgres, "gold_checked", dsn="local"))
+
+
+@pytest.mark.parametrize(
+    ("values", "environ", "message"),
+    [
+        ({"tabel": "x"}, {}, r"egress_postgres\.tabel: unknown key"),
+        ({"dsn": "host=db password=hunter2"}, {}, r"egress_postgres\.dsn: holds a password"),
+        ({"dsn": "postgresql://app:hunter2@db/lake"}, {}, r"egress_postgres\.dsn: holds a password"),
+        ({"dsn": "host=db hunter2"}, {}, r"egress_postgres\.dsn: is not a libpq"),
+        ({"table": "Gold-Windows"}, {}, r"egress_postgres\.table: "),
+        ({"table": "public.gold.windows"}, {}, r"egress_postgres\.table: "),
+        ({"table": "g" * 45}, {}, r"egress_postgres\.table: "),
+        ({"stage_above_rows": 0}, {}, r"egress_postgres\.stage_above_rows: "),
+        ({"stage_above_rows": "many"}, {}, r"egress_postgres\.stage_above_rows: "),
+        ({"password_file": "/nonexistent/pw"}, {}, r"egress_postgres\.password_file: .* does not exist"),
+        ({"password_file": "/pw"}, {"EGRESS_POSTGRES_PASSWORD": "pw"}, r"egress_postgres\.password_file: .*together"),
+    ],
+)
+def test_settings_refusals_name_the_key(values, environ, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        parse_settings({"dsn": "host=db dbname=lake user=app", "table": "gold", **values}, environ)
+    assert "hunter2" not in str(error.value)
+
+
+def test_settings_defaults_and_a_schema_qualified_table():
+    settings = parse_settings(
+        {"dsn": "local", "table": "mart.gold", "stage_above_rows": "500"}, {"EGRESS_POSTGRES_PASSWORD": "s3cret"}
+    )
+    assert settings.dsn == "local" and settings.table == "mart.gold" and settings.stage_above_rows == 500
+    assert settings.local_home == ".postgres-local"
+    assert settings.password == "s3cret" and "s3cret" not in repr(settings)
