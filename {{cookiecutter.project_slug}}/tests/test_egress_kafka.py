@@ -380,9 +380,10 @@ def test_crash_points_in_the_egress_neither_lose_nor_double_a_batch(spark, confi
     assert batches(config, "offsets") == [0] and batches(config, "commits") == []
 
     # 2. The restart fences the dead producer (its transaction is aborted) and publishes batch 0
-    #    again; this time killed after the Kafka commit, before Spark's commit log.
+    #    again; this time killed after the Kafka commit, before Spark's commit log. The layers
+    #    above have nothing new from here on: only the egress is run.
     crash_at = f"{EGRESS}:{AFTER_SINK_COMMIT}:0"
-    crashed = cli("run", "--layer", "all", "--available-now", env=cli_env(config, out, **{CRASH_POINT_VAR: crash_at}))
+    crashed = cli("run", "--layer", EGRESS, "--available-now", env=cli_env(config, out, **{CRASH_POINT_VAR: crash_at}))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     assert f"crash point {crash_at}" in crashed.stderr
     committed = assert_topic_is_gold(spark, config, out)
@@ -395,7 +396,7 @@ def test_crash_points_in_the_egress_neither_lose_nor_double_a_batch(spark, confi
     assert batches(config, "offsets") == [0] and batches(config, "commits") == []
 
     # 3. A clean run replays batch 0: the marker shows it committed, nothing is published.
-    recovered = cli("run", "--layer", "all", "--available-now", env=cli_env(config, out))
+    recovered = cli("run", "--layer", EGRESS, "--available-now", env=cli_env(config, out))
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert assert_topic_is_gold(spark, config, out) == committed
     assert marker(kafka_bootstrap, out, sid) == 1
@@ -519,3 +520,14 @@ def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_rese
     published = [record for record in records if record not in set(before)]
     assert len(published) == 4
     assert [record.value for record in published].count(None) == 1
+
+
+def test_an_egress_asked_for_while_it_is_off_is_refused_naming_the_switch(config, pipeline_env, monkeypatch, capsys):
+    monkeypatch.setenv("PIPELINE_EGRESS", "none")
+
+    assert main(["run", "--layer", EGRESS, "--available-now"]) == 2
+    assert main(["show", EGRESS]) == 2
+
+    err = capsys.readouterr().err
+    assert err.count(f"config error: {EGRESS}: is off: its config section is missing or PIPELINE_EGRESS") == 2
+    assert not Path(config.lakehouse_root).exists()

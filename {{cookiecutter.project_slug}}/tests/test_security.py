@@ -251,7 +251,7 @@ def test_scram_pipeline_end_to_end_leaks_no_secret_to_logs_checkpoints_or_the_ev
     lakehouse, event_log = tmp_path / "lake", tmp_path / "spark-events"
     event_log.mkdir()
     env_vars = {**sasl_env(listeners), "KAFKA_TOPICS": secure_topic, "LAKEHOUSE_ROOT": str(lakehouse)}
-    config = load_config("local", environ=env_vars)
+    config = load_config("local", environ={**env_vars, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
     produce(client_config(config), secure_topic, sample_records(60, seed=11, malformed_ratio=0.1), 20)
 
     # Bronze, the one stream that talks to Kafka, in a driver of its own, so that its event log
@@ -287,9 +287,8 @@ def test_scram_pipeline_end_to_end_leaks_no_secret_to_logs_checkpoints_or_the_ev
 def test_mutual_tls_pipeline_end_to_end_keeps_the_key_out_of_checkpoints_and_logs(
     spark, listeners, secure_topic, tmp_path, capfd, caplog
 ):
-    config = load_config(
-        "local", environ={**mtls_env(listeners), "KAFKA_TOPICS": secure_topic, "LAKEHOUSE_ROOT": str(tmp_path / "lake")}
-    )
+    environ = {**mtls_env(listeners), "KAFKA_TOPICS": secure_topic, "LAKEHOUSE_ROOT": str(tmp_path / "lake")}
+    config = load_config("local", environ={**environ, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
     records = list(sample_records(40, seed=12))
     produce(client_config(config), secure_topic, records, 20)
     check_connection(config)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             # Before Spark: its Kafka client would retry a refused login forever.
             check_connection(config)
             if args.command in {"run", "audit"} or shows_egress:
-                config = prepare_egress(config, provision=args.local_broker and args.command == "run")
+                config = prepare_egress(config, args)
         return COMMANDS[args.command](config, args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -331,10 +331,15 @@ def cmd_kafka_local(config: Config, args: argparse.Namespace) -> int:
 
             print(client_instructions(secure))
         return 0
-    if args.action == "stop":
-        print("stopped" if broker.stop() else "not running")
+    return stop_or_status(broker, args.action)
+
+
+def stop_or_status(server, action: str) -> int:
+    """`stop` and `status` of a development server (kafka-local, postgres-local): the same words, exit codes."""
+    if action == "stop":
+        print("stopped" if server.stop() else "not running")
         return 0
-    status = broker.status()
+    status = server.status()
     print(json.dumps(status, default=str) if status else "not running")
     return 0 if status else 1
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 {% if cookiecutter.egress in ["both", "postgres"] %}
 import argparse
 import dataclasses
-import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -26,11 +25,11 @@ def add_local_server_commands(commands) -> None:
     local = commands.add_parser("postgres-local", help="a PostgreSQL server for development (the egress's target)")
     local.add_argument("action", choices=["start", "stop", "status"])
 {%- else %}
-import sys
+import argparse
 from contextlib import ExitStack
 from pathlib import Path
 
-from .pipeline.config import Config
+from .pipeline.config import Config, ConfigError
 
 
 def add_local_server_commands(commands) -> None:
@@ -38,16 +37,21 @@ def add_local_server_commands(commands) -> None:
 {%- endif %}
 
 
-def prepare_egress(config: Config, provision: bool) -> Config:
-    """Resolve a "local" DSN, create the development output topic when ``provision``, and check every egress sink.
+def prepare_egress(config: Config, args: argparse.Namespace) -> Config:
+    """Before `run`, `audit` or `show` of an egress: resolve a "local" DSN, create the development output
+    topic for a `run` on the local broker, and check every egress sink.
 
-    Raises ConfigError naming the setting when a sink cannot be reached or refuses the login.
+    Raises ConfigError naming the setting when an egress asked for is off, or its sink cannot be
+    reached or refuses the login.
     """
-    from .pipeline.egress import configured
+    from .pipeline.egress import configured, installed_names
 
+    asked = getattr(args, "layer", None) or getattr(args, "table", None)
+    if asked in installed_names() and asked not in config.egress:
+        raise ConfigError(f"{asked}: is off: its config section is missing or PIPELINE_EGRESS leaves it out")
     config = resolve_local_postgres(config)
     for module in configured(config).values():
-        if provision:
+        if args.local_broker and args.command == "run":
             module.provision_local(config)
         module.check_connection(config)
     return config
@@ -58,10 +62,7 @@ def show_egress(config: Config, stream: str, limit: int, spark) -> int:
     from .pipeline.contract import EVENTS
     from .pipeline.egress import configured
 
-    modules = configured(config)
-    if stream not in modules:
-        print(f"{stream} is off: its config section is missing or PIPELINE_EGRESS leaves it out", file=sys.stderr)
-        return 2
+    modules = configured(config)  # prepare_egress refused an egress that is off
     rows = modules[stream].read_back(spark, config)
     where = ", ".join(f"{key} {value}" for key, value in modules[stream].describe(config).items())
     print(f"{stream} ({where}): {rows.count()} rows")
@@ -106,12 +107,9 @@ def cmd_postgres_local(config: Config, args: argparse.Namespace) -> int:
             return 1
         print(f"password file: {server.password_file}")
         return 0
-    if args.action == "stop":
-        print("stopped" if server.stop() else "not running")
-        return 0
-    status = server.status()
-    print(json.dumps(status, default=str) if status else "not running")
-    return 0 if status else 1
+    from .cli import stop_or_status
+
+    return stop_or_status(server, args.action)
 
 
 def private_egress_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:

@@ -150,8 +150,8 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def _pick_ports(previous: list[int | None]) -> list[int]:
-    """Reuse each previous port that is still free, so the bootstrap address survives restarts."""
+def pick_ports(previous: list[int | None]) -> list[int]:
+    """Reuse each previous port that is still free (None: pick one), so an address survives restarts."""
     chosen: list[int] = []
     for port in previous:
         while not port or port in chosen or not _port_is_free(port):
@@ -220,7 +220,7 @@ class LocalKafka:
         previous = [state.get("port"), state.get("controller_port")]
         if secure:
             previous += [state.get("sasl_ssl_port"), state.get("mtls_port")]
-        port, controller_port, *secure_ports = _pick_ports(previous)
+        port, controller_port, *secure_ports = pick_ports(previous)
         bootstrap = f"127.0.0.1:{port}"
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

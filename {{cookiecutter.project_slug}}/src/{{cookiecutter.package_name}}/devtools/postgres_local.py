@@ -25,7 +25,6 @@ import pwd
 import secrets
 import shlex
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+
+from .kafka_local import pick_ports
 
 DATABASE = "lakehouse"
 APP_ROLE = "pipeline"
@@ -96,26 +97,6 @@ def _write_owner_only(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as file:
         file.write(text + "\n")
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        # postgres binds with SO_REUSEADDR, so TIME_WAIT leftovers of our last run don't block it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _pick_port(previous: int | None) -> int:
-    """Reuse the previous port while it is free, so the DSN survives restarts."""
-    if isinstance(previous, int) and previous > 0 and _port_is_free(previous):
-        return previous
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _dsn(port: int) -> str:
@@ -218,7 +199,8 @@ class LocalPostgres:
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bin_dir, user, timeout)
 
-        port = _pick_port(self._read_state().get("port"))
+        previous = self._read_state().get("port")
+        port = pick_ports([previous if isinstance(previous, int) and previous > 0 else None])[0]
         log_offset = self.log_path.stat().st_size
         options = f"-p {port} -h 127.0.0.1 -k {shlex.quote(str(self.socket_dir))}"
         cmd = [bin_dir / "pg_ctl", "-D", self.data_dir, "-l", self.log_path, "-w", "-t", str(max(1, int(timeout)))]

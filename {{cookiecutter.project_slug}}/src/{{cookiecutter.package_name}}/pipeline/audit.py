@@ -67,18 +67,11 @@ def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) 
         check_schema(name, lakehouse.table(name), schemas[name], rows.schema)
         return rows
 
-    gold = table(GOLD)
-    report = reconcile(
-        committed_kafka_records(spark, config),
-        table(BRONZE),
-        table(SILVER),
-        table(QUARANTINE),
-        gold,
-        config.gold_window,
-        contract,
-    )
+    # In layer order: a lakehouse of another contract is named by its first table that differs.
+    tables = {name: table(name) for name in (BRONZE, SILVER, QUARANTINE, GOLD)}
+    report = reconcile(committed_kafka_records(spark, config), *tables.values(), config.gold_window, contract)
     for name, module in configured(config).items():
-        reconcile_egress(report, name, module.read_back(spark, config), gold, contract)
+        reconcile_egress(report, name, module.read_back(spark, config), tables[GOLD], contract)
         report.errors.update(module.audit_errors(spark, config))
     return report
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -166,13 +167,8 @@ class KafkaEgress:
                 },
             )
         )
-        self.consumer = Consumer(
-            client_config(
-                config,
-                **{"group.id": marker_group(stream_id), "enable.auto.commit": False},
-                **{"isolation.level": "read_committed"},
-            )
-        )
+        marker_reader = {"group.id": marker_group(stream_id), "isolation.level": "read_committed"}
+        self.consumer = Consumer(client_config(config, **marker_reader, **{"enable.auto.commit": False}))
         self.producer.init_transactions(KAFKA_TIMEOUT_S)
 
     def committed_batch(self, timeout_s: float = KAFKA_TIMEOUT_S) -> int | None:
@@ -254,10 +250,7 @@ class KafkaEgress:
                 if not kafka_error.retriable():
                     raise  # fatal, e.g. fenced: a newer process runs this stream
             # The outcome is unknown: the marker, committed in the same transaction, tells.
-            try:
-                committed = self.committed_batch()
-            except KafkaException:
-                committed = None  # still unstable: the transaction has not ended yet
+            committed = self._marker_once_stable()
             if committed is not None and committed >= batch_id:
                 log.warning("%s: commit of batch %d timed out; the marker shows it committed", STREAM, batch_id)
                 # The producer still waits for the outcome of its timed-out call and refuses to begin
@@ -274,6 +267,18 @@ class KafkaEgress:
                 COMMIT_ATTEMPTS,
             )
         raise EgressError(f"{STREAM}: the commit of batch {batch_id} did not complete after {COMMIT_ATTEMPTS} tries")
+
+    def _marker_once_stable(self) -> int | None:
+        # While the transaction is open or being committed, Kafka answers "unstable" for its offsets;
+        # the answer is read once it ends, within the transaction's own timeout (None: still unknown).
+        deadline = time.monotonic() + min(self.settings.transaction_timeout_ms / 1000, KAFKA_TIMEOUT_S)
+        while True:
+            try:
+                return self.committed_batch(timeout_s=max(deadline - time.monotonic(), 1.0))
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.2)
 
     def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
         live = _folded(committed_changelog(spark, self.config, self.settings.topic))

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
 ENV_OVERRIDES = {key: f"EGRESS_POSTGRES_{key.upper()}" for key in ("dsn", "table", "password_file", "stage_above_rows")}
+ENV_OVERRIDES["local_home"] = "POSTGRES_LOCAL_HOME"  # like KAFKA_LOCAL_HOME
 PASSWORD_VAR = "EGRESS_POSTGRES_PASSWORD"
 LOCAL_DSN = "local"  # the server of `postgres-local start`; the command line resolves it
 MARKER, STAGING, KEY, STAGING_KEY = "_egress_batches", "_egress_staging", "_gold_key", "_egress_staging_key"
@@ -137,8 +138,7 @@ def _connect(settings: PostgresEgressSettings) -> psycopg.Connection:
 
 
 def _as_text(latest: DataFrame, layout: _Layout) -> DataFrame:
-    # The text COPY sends, in the temporary table's column order.
-    rows = latest.select(*(name for name, _, _ in layout.layouts()[1]))
+    rows = latest.select(*(name for name, _, _ in layout.layouts()[1]))  # the COPY's column order
     text = [F.date_format(c, TIMESTAMP_TEXT) if t == "timestamp" else F.col(c).cast("string") for c, t in rows.dtypes]
     return rows.select(*text)
 
