@@ -37,10 +37,9 @@ def build_spark(
     )
     if master:
         builder = builder.master(master)
-    if "PYSPARK_PYTHON" not in os.environ:
-        # Python on the executors (the PostgreSQL egress stages rows there) is this interpreter,
-        # with the project and its drivers installed, not the first python3 on the PATH.
-        builder = builder.config("spark.pyspark.python", sys.executable)
+    # Python on the executors (the PostgreSQL egress stages rows there) is this interpreter, with the
+    # project and its drivers installed, not the first python3 on the PATH; PySpark reads only this.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     # configure_spark_with_delta_pip overwrites spark.jars.packages: never set it above.
