@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -449,20 +450,54 @@ def test_a_second_egress_of_the_same_stream_fences_the_first_and_aborts_its_tran
             second.close()
 
 
-def test_a_commit_that_times_out_is_resolved_through_the_marker(spark, config, kafka_bootstrap, tmp_path, caplog):
+class BrokerFrozenDuringFirstCommit:
+    """The egress's real producer, with the real broker stopped (SIGSTOP) while its first commit is in flight.
+
+    The commit request reaches the broker's socket but is answered only once the broker is
+    continued, after the call's own timeout: an outcome the producer cannot know, every time
+    (a short timeout alone races a fast local broker).
+    """
+
+    def __init__(self, producer, broker_pid: int, frozen_s: float):
+        self._producer = producer
+        self._pid = broker_pid
+        self._frozen_s = frozen_s
+        self.commits = 0
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def commit_transaction(self, timeout_s: float):
+        self.commits += 1
+        if self.commits == 1:
+            os.kill(self._pid, signal.SIGSTOP)
+            threading.Timer(self._frozen_s, self.thaw).start()
+        return self._producer.commit_transaction(timeout_s)
+
+    def thaw(self) -> None:
+        os.kill(self._pid, signal.SIGCONT)
+
+
+def test_a_commit_that_times_out_is_resolved_through_the_marker(
+    spark, config, kafka_broker, kafka_bootstrap, tmp_path, caplog
+):
     out = output_topic(kafka_bootstrap)
     config = with_egress(config, out)
     gold = str(tmp_path / "gold")
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
-    egress = KafkaEgress(config, config.egress[EGRESS], sid, commit_timeout_s=0.001)
+    egress = KafkaEgress(config, config.egress[EGRESS], sid, commit_timeout_s=0.2)
+    frozen = BrokerFrozenDuringFirstCommit(egress.producer, kafka_broker.status()["pid"], frozen_s=2.0)
+    egress.producer = frozen
     logger = "{{ cookiecutter.package_name }}.pipeline.egress.kafka"
     try:
         with caplog.at_level(logging.WARNING, logger=logger):
             assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
         timed_out = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
-        assert timed_out, "a 1 ms commit timeout did not time out: the unknown-outcome path was not exercised"
+        assert timed_out, "a commit sent to a stopped broker did not time out"
         assert any("marker shows it committed" in message for message in timed_out), timed_out
+        # One call timed out, one completed it once the marker was read: never a third try.
+        assert frozen.commits == 2
         assert marker(kafka_bootstrap, out, sid) == 1
         records, state = fold(kafka_bootstrap, out, "read_committed")
         assert len(records) == 3 and topic_rows(state) == gold_rows(spark, gold)
@@ -478,6 +513,7 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(spark, config, k
         assert egress.publish(change_feed(spark, gold, 2), batch_id=1) == 0
         assert len(fold(kafka_bootstrap, out, "read_committed")[0]) == 4
     finally:
+        frozen.thaw()  # never leave the session's broker stopped, whatever failed
         egress.close()
 
 
