@@ -10,24 +10,31 @@ import io
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
+from datetime import datetime
 from decimal import Decimal
+from importlib import resources
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline import checkpoints, lease
+from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, SILVER, Lakehouse
 
 
 def produce_records(config, count: int, seed: int) -> list:
@@ -256,3 +263,149 @@ def test_a_second_process_is_refused_while_the_first_runs_and_starts_once_it_is_
     produce_records(pipeline_env, 5, seed=7)
     assert main(["run", "--layer", "bronze", "--available-now"]) == 0
     assert load(spark, pipeline_env, BRONZE).count() == 25
+
+
+def windows_of(records: list, window_s: int) -> dict[tuple, tuple[int, Decimal]]:
+    """Gold computed in plain Python from what was produced: (window start, event type) -> (count, amount)."""
+    totals: dict[tuple, tuple[int, Decimal]] = {}
+    for _, value in records:
+        event = json.loads(value)
+        epoch = int(datetime.fromisoformat(event["event_time"].replace("Z", "+00:00")).timestamp())
+        key = (epoch - epoch % window_s, event["event_type"])
+        count, amount = totals.get(key, (0, Decimal("0")))
+        totals[key] = (count + 1, amount + Decimal(str(event["amount"])))
+    return totals
+
+
+def gold_windows(spark, path: str, version: int | None = None) -> dict[tuple, tuple[int, Decimal]]:
+    reader = spark.read.format("delta")
+    table = (reader if version is None else reader.option("versionAsOf", version)).load(path)
+    rows = table.select(F.col("window_start").cast("long").alias("start"), "event_type", "event_count", "amount_sum")
+    return {(row.start, row.event_type): (row.event_count, row.amount_sum) for row in rows.collect()}
+
+
+@pytest.mark.slow
+def test_a_changed_gold_window_is_refused_until_reset_rebuilds_gold_at_it_without_an_empty_moment(
+    spark, pipeline_env, capsys, monkeypatch, tmp_path
+):
+    old_window = pipeline_env.gold_window
+    new_window = "15 minutes" if old_window != "15 minutes" else "30 minutes"
+    records = produce_records(pipeline_env, 80, seed=6)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    gold_path = Lakehouse(pipeline_env.lakehouse_root).table(GOLD)
+    before = DeltaTable.forPath(spark, gold_path).history(1).first()["version"]
+    old_gold = gold_windows(spark, gold_path)
+    assert old_gold == windows_of(records, duration_seconds(old_window, "old"))
+
+    packaged = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
+    changed = re.sub(r'(?m)^gold_window = ".*"$', f'gold_window = "{new_window}"', packaged)
+    assert changed != packaged
+    (tmp_path / "changed.toml").write_text(changed)
+    monkeypatch.setenv("PIPELINE_CONFIG", str(tmp_path / "changed.toml"))
+    capsys.readouterr()
+
+    assert main(["run", "--layer", "gold", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"holds windows of {old_window!r}, but pipeline.gold_window is {new_window!r}" in refusal
+    assert "checkpoints reset gold" in refusal
+    assert DeltaTable.forPath(spark, gold_path).history(1).first()["version"] == before
+    assert main(["checkpoints", "list"]) == 0
+    assert f"refuses to start: gold: the table {gold_path} holds windows of {old_window!r}" in capsys.readouterr().out
+
+    assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
+    new_gold = windows_of(records, duration_seconds(new_window, "new"))
+    after = DeltaTable.forPath(spark, gold_path).history(1).first()["version"]
+    # What a reader of gold could see during the reset: the old gold whole, then the new one whole.
+    seen = [gold_windows(spark, gold_path, version) for version in range(before, after + 1)]
+    assert all(each in (old_gold, new_gold) for each in seen), [len(each) for each in seen]
+    assert seen[-1] == new_gold and old_gold != new_gold
+
+    # Gold's new stream goes on after the silver version it was rebuilt from: nothing twice, nothing lost.
+    records += produce_records(pipeline_env, 40, seed=7)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert gold_windows(spark, gold_path) == windows_of(records, duration_seconds(new_window, "new"))
+    assert main(["audit"]) == 0
+
+
+def committed_in_kafka(config, topics: list[str]) -> set[tuple[str, int, int]]:
+    """(topic, partition, offset) of every committed record Kafka holds, read by a plain read_committed consumer."""
+    consumer = Consumer(
+        client_config(
+            config,
+            **{"group.id": f"oracle-{uuid.uuid4()}", "isolation.level": "read_committed", "enable.auto.commit": False},
+        )
+    )
+    try:
+        assignment = []
+        for topic in topics:
+            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                if high > low:
+                    assignment.append(TopicPartition(topic, partition, low))
+        consumer.assign(assignment)
+        found: set[tuple[str, int, int]] = set()
+        idle = 0
+        while idle < 5:
+            message = consumer.poll(1.0)
+            if message is None:
+                idle += 1
+            elif not message.error():
+                found.add((message.topic(), message.partition(), message.offset()))
+                idle = 0
+        return found
+    finally:
+        consumer.close()
+
+
+def bronze_keys(spark, config) -> set[tuple[str, int, int]]:
+    return {tuple(row) for row in load(spark, config, BRONZE).select("topic", "partition", "offset").collect()}
+
+
+@pytest.mark.slow
+def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_which_is_exact(
+    spark, pipeline_env, capsys, monkeypatch
+):
+    first = pipeline_env.kafka.topics[0]
+    produce_records(pipeline_env, 30, seed=8)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    # A second topic whose first records retention has already deleted.
+    second = f"{first}-late"
+    admin = AdminClient(client_config(pipeline_env))
+    admin.create_topics([NewTopic(second, num_partitions=1, replication_factor=1)])[second].result(timeout=30)
+    produce(client_config(pipeline_env), second, list(sample_records(20, 9, 0.0, prefix="c9")), transaction_size=50)
+    for future in admin.delete_records([TopicPartition(second, 0, 6)]).values():
+        future.result(timeout=30)
+    silver_commits = newest(checkpoint(pipeline_env, "silver") / "commits")
+    gold_commits = newest(checkpoint(pipeline_env, "gold") / "commits")
+
+    monkeypatch.setenv("KAFKA_TOPICS", f"{first},{second}")
+    capsys.readouterr()
+    assert main(["run", "--layer", "all", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"{second}[0] starts at offset 6" in refusal
+    assert "checkpoints reset bronze --only" in refusal
+    assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
+    # Silver and gold were left as they are: they go on from their own checkpoints.
+    assert newest(checkpoint(pipeline_env, "silver") / "commits") == silver_commits
+    assert newest(checkpoint(pipeline_env, "gold") / "commits") == gold_commits
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert bronze_keys(spark, pipeline_env) == committed_in_kafka(pipeline_env, [first, second])
+
+    # The first topic leaves the subscription: what bronze has of it stays, nothing newer comes in.
+    kept = committed_in_kafka(pipeline_env, [first])
+    produce_records(pipeline_env, 5, seed=10)
+    produce(client_config(pipeline_env), second, list(sample_records(7, 11, 0.0, prefix="c11")), transaction_size=50)
+    monkeypatch.setenv("KAFKA_TOPICS", second)
+    capsys.readouterr()
+    assert main(["run", "--layer", "all", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"removed from kafka.topics: {first}" in refusal and "checkpoints reset bronze --only" in refusal
+    assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    expected = kept | committed_in_kafka(pipeline_env, [second])
+    assert bronze_keys(spark, pipeline_env) == expected and len(expected) == 30 + 14 + 7
+    silver = load(spark, pipeline_env, SILVER).select("topic", "partition", "offset").collect()
+    assert {tuple(row) for row in silver} == expected
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(expected)
+    assert main(["audit"]) == 0

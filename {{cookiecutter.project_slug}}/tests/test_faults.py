@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.egress_commands import private_egress_servers
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
-from {{ cookiecutter.package_name }}.pipeline.crash_points import CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.pipeline.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
@@ -45,9 +45,9 @@ def pipeline_env(config, **extra: str) -> dict:
     }
 
 
-def committed_ledger(config, records: int, seed: int) -> Ledger:
+def committed_ledger(config, records: int, seed: int, malformed_ratio: float = 0.0) -> Ledger:
     ledger = Ledger()
-    produce_numbered(client_config(config), config.kafka.topics[0], f"r{seed}", records, seed, ledger, 0.0)
+    produce_numbered(client_config(config), config.kafka.topics[0], f"r{seed}", records, seed, ledger, malformed_ratio)
     return ledger
 
 
@@ -70,11 +70,16 @@ def oracle(spark, config, ledger: Ledger) -> dict:
 @pytest.mark.faults
 @pytest.mark.parametrize("stream", ["bronze", "silver", "gold"])
 def test_a_crash_at_each_batch_boundary_loses_and_doubles_nothing(spark, config, stream):
-    ledger = committed_ledger(config, 120, seed=31)
+    # Malformed records too: silver's batch then commits to silver and to quarantine.
+    ledger = committed_ledger(config, 120, seed=31, malformed_ratio=0.1)
+    lakehouse = Lakehouse(config.lakehouse_root)
 
     # One crash per point, each run replaying the batch the run before it was killed in: every
     # point is reached on batch 0, and a crash while recovering from a crash is covered too.
-    for point in POINTS:
+    # Silver's point between its two commits comes before after_sink_commit, so that the replay
+    # which follows it is the one that writes quarantine.
+    points = (*POINTS[:-1], BETWEEN_SINK_COMMITS, POINTS[-1]) if stream == "silver" else POINTS
+    for point in points:
         crash_at = f"{stream}:{point}:0"
         crash_env = pipeline_env(config, **{CRASH_POINT_VAR: crash_at})
         crashed = pipeline("run", "--layer", "all", "--available-now", env=crash_env)
@@ -82,6 +87,10 @@ def test_a_crash_at_each_batch_boundary_loses_and_doubles_nothing(spark, config,
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
         assert f"crash point {crash_at}" in crashed.stderr
         assert pending_batches(Path(config.lakehouse_root) / "checkpoints") == 1
+        if point == BETWEEN_SINK_COMMITS:
+            # The window is real: silver holds the batch, quarantine nothing of it yet.
+            assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() > 0
+            assert spark.read.format("delta").load(lakehouse.table(QUARANTINE)).count() == 0
     recovered = pipeline("run", "--layer", "all", "--available-now", env=pipeline_env(config))
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)

@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline import checkpoints
+from {{ cookiecutter.package_name }}.pipeline import checkpoints, gold_build
 from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
@@ -173,10 +173,15 @@ def test_lost_gold_checkpoint_refuses_to_start_until_reset_rebuilds_gold(spark, 
         run_available_now(spark, config, ("gold",))
     assert gold_totals(spark, config) == expected_gold(records)
 
-    checkpoints.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"))
-    assert table(spark, config, GOLD).count() == 0
+    rebuilt = gold_build.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"), config.gold_window)
+    # Rebuilt aside and swapped in: gold is whole right after the reset, before any stream runs.
+    assert rebuilt.rows == table(spark, config, GOLD).count() > 0
+    assert gold_totals(spark, config) == expected_gold(records)
     run_available_now(spark, config)
+    assert gold_totals(spark, config) == expected_gold(records)
 
+    records += produce_sample(config, 60, seed=31)
+    run_available_now(spark, config)
     assert gold_totals(spark, config) == expected_gold(records)
     assert_audit_clean(spark, config)
 
@@ -186,8 +191,11 @@ def test_reset_bronze_resets_everything_downstream_without_double_counting(spark
     records = produce_sample(config, 120, seed=11, malformed_ratio=0.1)
     run_available_now(spark, config)
 
-    checkpoints.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"))
-    assert not any(checkpoint_dir(config, stream).exists() for stream in ("bronze", "silver", "gold"))
+    gold_build.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"), config.gold_window)
+    assert not any(checkpoint_dir(config, stream).exists() for stream in ("bronze", "silver"))
+    # Gold was rebuilt in the reset: its new checkpoint holds only the new stream's id, no batch.
+    assert [path.name for path in checkpoint_dir(config, "gold").iterdir() if path.name[0] != "."] == ["metadata"]
+    assert gold_totals(spark, config) == expected_gold(records)
     run_available_now(spark, config)
 
     assert table(spark, config, BRONZE).count() == 120
@@ -245,3 +253,54 @@ def test_audit_reports_reingested_bronze_records_as_a_warning_not_an_error(spark
 
     assert report.warnings["bronze_reingested_duplicates"] == 3
     assert report.clean
+
+
+@pytest.mark.slow
+def test_a_producer_that_changes_a_field_type_is_flagged_per_batch_and_by_the_audit(spark, config, capsys):
+    produce_sample(config, 20, seed=32)
+    run_available_now(spark, config)
+    # The producer starts sending amount as a string: every new record is quarantined, gold stops growing.
+    changed = [
+        (key, json.dumps({**json.loads(value), "amount": str(json.loads(value)["amount"])}).encode())
+        for key, value in sample_records(40, 33, start=EVENT_START, prefix="s33")
+    ]
+    produce(client_config(config), config.kafka.topics[0], changed, transaction_size=50)
+    capsys.readouterr()
+    run_available_now(spark, config)
+
+    err = capsys.readouterr().err
+    reasons = "{'field amount must be a number, got STRING': 40}"
+    assert f"40 of 40 records quarantined (100%); check the producer: {reasons}" in err
+    assert table(spark, config, QUARANTINE).count() == 40
+    report = assert_audit_clean(spark, config)
+    # 40 of the newest 60 records: flagged, and nothing lost (the audit stays clean).
+    assert report["counts"]["newest_records_quarantined_percent"] == 67
+    assert report["warnings"]["newest_records_mostly_quarantined"] == 67
+
+
+@pytest.mark.slow
+def test_audit_detects_records_rewritten_in_place_which_coordinates_cannot_show(spark, config):
+    produce_sample(config, 40, seed=34, malformed_ratio=0.2)
+    run_available_now(spark, config)
+    assert_audit_clean(spark, config)
+    lakehouse = Lakehouse(config.lakehouse_root)
+
+    def rewrite(name: str, changes: dict) -> None:
+        path = lakehouse.table(name)
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
+        first = table(spark, config, name).orderBy("partition", "offset").first()
+        where = (F.col("partition") == first.partition) & (F.col("offset") == first.offset)
+        DeltaTable.forPath(spark, path).update(where, changes)
+
+    rewrite(SILVER, {"amount": F.col("amount") + 1})
+    rewrite(QUARANTINE, {"reason": F.lit("edited")})
+    rewrite(BRONZE, {"value": F.concat(F.col("value"), F.lit(b" "))})
+    errors = run_audit(spark, config).errors
+
+    assert errors["bronze_records_not_as_in_kafka"] == 1
+    # The bronze edit only adds white space to the JSON: silver parses it the same.
+    assert errors["silver_rows_not_as_parsed_from_bronze"] == 1
+    # Quarantine keeps the raw value: its edited row, and the edited bronze record if that was malformed.
+    assert errors["quarantine_rows_not_as_parsed_from_bronze"] in (1, 2)
+    coordinates = ("kafka_records_missing_in_bronze", "silver_duplicates", "records_in_both_silver_and_quarantine")
+    assert all(errors[name] == 0 for name in coordinates), errors

@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from .pipeline import checkpoints
+from .pipeline import checkpoints, gold_build
 from .pipeline.config import Config
 from .pipeline.egress import configured
 from .pipeline.egress import stream as egress_stream
@@ -27,6 +27,8 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
     lakehouse = Lakehouse(config.lakehouse_root)
     streams = {**STREAMS, **{name: egress_stream(name) for name in configured(config)}}
     listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
+    gold = listing[gold_build.STREAM]
+    gold["refusal"] = gold["refusal"] or gold_build.window_refusal(spark, lakehouse, config.gold_window)
     if as_json:
         print(json.dumps(listing, indent=2))
         return 0
@@ -77,10 +79,15 @@ def checkpoint_state(spark, lakehouse: Lakehouse, stream: Stream) -> dict:
     }
 
 
-def reset_checkpoints(config: Config, stream: str, yes: bool, make_spark: Callable[[], object]) -> int:
-    """Reset ``stream`` and everything downstream; asks on a terminal, needs ``yes`` otherwise.
+def reset_checkpoints(
+    config: Config, stream: str, yes: bool, make_spark: Callable[[], object], only: bool = False
+) -> int:
+    """Reset ``stream`` and what is downstream (``only``: it alone); asks on a terminal, needs ``yes`` otherwise.
 
     Refuses (exit 3) while any of those streams runs: their leases are held for the whole reset.
+    ``only`` is exact while the stream's own tables are intact (a changed subscription, a lost
+    checkpoint): bronze resumes after the offsets it holds, silver re-reads bronze keeping each
+    record once, and the streams below read on from where they are.
 
     Example::
 
@@ -88,16 +95,23 @@ def reset_checkpoints(config: Config, stream: str, yes: bool, make_spark: Callab
     """
     lakehouse = Lakehouse(config.lakehouse_root)
     # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
-    streams = with_downstream(stream) if stream in STREAMS else [egress_stream(stream)]
+    if stream not in STREAMS:
+        streams = [egress_stream(stream)]
+    else:
+        streams = [STREAMS[stream]] if only else with_downstream(stream)
     names = ", ".join(each.name for each in streams)
     doomed = [lakehouse.checkpoint(each.name) for each in streams]
-    emptied = [lakehouse.table(table) for each in streams if each.rebuilt_from_source for table in each.sinks]
-    what = f"delete the checkpoints {', '.join(doomed)}" + (f" and empty {', '.join(emptied)}" if emptied else "")
+    rebuilt = [lakehouse.table(table) for each in streams if each.rebuilt_from_source for table in each.sinks]
+    what = f"delete the checkpoints {', '.join(doomed)}" + (
+        f" and rebuild {', '.join(rebuilt)} from silver at {config.gold_window!r} (one commit replaces its rows)"
+        if rebuilt
+        else ""
+    )
     if not yes:
         if not sys.stdin.isatty():
             print(
                 f"refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so "
-                f"nothing can ask; run `checkpoints reset {stream} --yes` to do it.",
+                f"nothing can ask; run `checkpoints reset {stream}{' --only' if only else ''} --yes` to do it.",
                 file=sys.stderr,
             )
             return EXIT_REFUSED
@@ -106,13 +120,18 @@ def reset_checkpoints(config: Config, stream: str, yes: bool, make_spark: Callab
             print("nothing reset")
             return 1
     spark = make_spark()
-    way_out = f"Then run `checkpoints reset {stream}` again."
+    way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
         # Held for the whole reset: no stream starts halfway through it.
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out):
-            checkpoints.reset(spark, lakehouse, streams)
+            rebuilt_gold = gold_build.reset(spark, lakehouse, streams, config.gold_window)
     except LeaseHeld as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return EXIT_REFUSED
-    print(f"reset {names}; the next run resumes consistently (gold is rebuilt from silver)")
+    print(f"reset {names}; the next run resumes consistently")
+    if rebuilt_gold is not None:
+        print(
+            f"gold rebuilt from silver version {rebuilt_gold.silver_version} at {config.gold_window!r}: "
+            f"{rebuilt_gold.rows} rows; its stream goes on from the next silver version"
+        )
     return 0

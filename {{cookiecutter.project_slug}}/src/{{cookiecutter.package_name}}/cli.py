@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     reset = cp_actions.add_parser("reset", help="reset a stream and everything downstream of it")
     reset.add_argument("stream", choices=["bronze", "silver", "gold", *installed_names()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
 
     show = commands.add_parser("show", help="print a table")
     show.add_argument("table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()])
@@ -297,7 +298,7 @@ def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:
     from .checkpoint_commands import list_checkpoints, reset_checkpoints
 
     if args.action == "reset":
-        return reset_checkpoints(config, args.stream, args.yes, lambda: _spark(config, "checkpoints"))
+        return reset_checkpoints(config, args.stream, args.yes, lambda: _spark(config, "checkpoints"), args.only)
     return list_checkpoints(config, args.json, _spark(config, "checkpoints"))
 
 

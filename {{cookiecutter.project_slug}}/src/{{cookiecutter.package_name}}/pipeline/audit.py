@@ -2,8 +2,10 @@
 
 Kafka offsets have gaps (transaction markers, aborted records, compaction), so
 the audit compares against the committed records that exist, read back with
-read_committed, never against offset arithmetic. Run it on a drained pipeline
-(after `run --available-now`): records still in flight count as missing.
+read_committed, never against offset arithmetic. Content is compared too: each
+bronze record's key and value against Kafka's (a digest), and silver and
+quarantine against bronze parsed again. Run it on a drained pipeline (after
+`run --available-now`): records still in flight count as missing.
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .config import Config
 from .contract import EVENTS, Contract
 from .egress import configured
 from .kafka_io import bootstrap_servers, spark_security_options
+from .progress import QUARANTINE_ALERT_SHARE
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
-from .transforms import window_aggregates
+from .transforms import (
+    first_per_kafka_record,
+    parse_events,
+    quarantined_records,
+    valid_events,
+    window_aggregates,
+)
 
 
 @dataclass
@@ -41,6 +50,10 @@ class AuditReport:
         }
 
 
+# Records per partition the quarantine signal looks at.
+NEWEST = 1000
+
+
 def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
     """Keys of every committed record in the configured topics, as Kafka holds them now."""
     return (
@@ -52,7 +65,7 @@ def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
         .option("endingOffsets", "latest")
         .options(**spark_security_options(config))
         .load()
-        .select(*KAFKA_KEY_COLUMNS)
+        .select(*KAFKA_KEY_COLUMNS, "key", "value")
     )
 
 
@@ -69,7 +82,9 @@ def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) 
 
     # In layer order: a lakehouse of another contract is named by its first table that differs.
     tables = {name: table(name) for name in (BRONZE, SILVER, QUARANTINE, GOLD)}
-    report = reconcile(committed_kafka_records(spark, config), *tables.values(), config.gold_window, contract)
+    kafka = committed_kafka_records(spark, config)
+    report = reconcile(kafka, *tables.values(), config.gold_window, contract)
+    report.errors.update(compare_content(kafka, tables[BRONZE], tables[SILVER], tables[QUARANTINE], contract))
     for name, module in configured(config).items():
         reconcile_egress(report, name, module.read_back(spark, config), tables[GOLD], contract)
         report.errors.update(module.audit_errors(spark, config))
@@ -94,6 +109,56 @@ def _gold_differences(expected: DataFrame, gold: DataFrame, contract: Contract) 
         [~F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in contract.gold_values],
     )
     return expected.alias("e").join(gold.alias("g"), same_key, "full_outer").where(differs)
+
+
+def compare_content(
+    kafka: DataFrame, bronze: DataFrame, silver: DataFrame, quarantine: DataFrame, contract: Contract = EVENTS
+) -> dict[str, int]:
+    """Content, not only coordinates: bronze's key and value against Kafka's, silver and quarantine parsed again.
+
+    A record rewritten in place (a table edited by hand, a bad repair) keeps its (topic, partition,
+    offset), so the coordinate checks cannot see it.
+
+    Example::
+
+        compare_content(kafka, bronze, silver, quarantine)["silver_rows_not_as_parsed_from_bronze"]  # 0
+    """
+    missing = {"key", "value"} - set(kafka.columns)
+    if missing:
+        raise ValueError(f"kafka must hold the records' key and value; missing {sorted(missing)}")
+
+    def digests(rows: DataFrame) -> DataFrame:
+        return rows.select(*KAFKA_KEY_COLUMNS, F.xxhash64("key", "value").alias("digest"))
+
+    in_kafka = digests(kafka).withColumnRenamed("digest", "kafka_digest")
+    reparsed = parse_events(first_per_kafka_record(bronze), contract)
+    return {
+        "bronze_records_not_as_in_kafka": digests(bronze)
+        .join(in_kafka, KAFKA_KEY_COLUMNS)
+        .where(F.col("digest") != F.col("kafka_digest"))
+        .count(),
+        "silver_rows_not_as_parsed_from_bronze": _not_in(silver, valid_events(reparsed, contract)),
+        "quarantine_rows_not_as_parsed_from_bronze": _not_in(quarantine, quarantined_records(reparsed)),
+    }
+
+
+def _not_in(rows: DataFrame, expected: DataFrame) -> int:
+    return rows.exceptAll(expected.select(*rows.columns)).count()
+
+
+def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFrame, newest: int = NEWEST) -> int:
+    # The newest offsets of each partition: a producer that broke recently shows, whatever came before.
+    flagged = silver_keys.withColumn("quarantined", F.lit(0)).unionByName(
+        quarantine_keys.withColumn("quarantined", F.lit(1))
+    )
+    by_partition = Window.partitionBy("topic", "partition").orderBy(F.desc("offset"))
+    share = (
+        flagged.withColumn("rank", F.row_number().over(by_partition))
+        .where(F.col("rank") <= newest)
+        .agg(F.avg("quarantined"))
+        .first()[0]
+    )
+    return 0 if share is None else round(100 * share)
 
 
 def _missing(left: DataFrame, right: DataFrame, keys: list[str]) -> int:
@@ -124,6 +189,7 @@ def reconcile(
         bronze_in_kafka_range = bronze_keys.join(kafka_floor, ["topic", "partition"]).where("offset >= floor")
         bronze_distinct = bronze_keys.distinct()
         parsed_keys = silver_keys.unionByName(quarantine_keys)
+        newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)
         gold_diff = _gold_differences(window_aggregates(silver, window_duration, contract), gold, contract)
         report = AuditReport()
         report.counts = {
@@ -132,6 +198,7 @@ def reconcile(
             "silver_rows": silver_keys.count(),
             "quarantine_rows": quarantine_keys.count(),
             "gold_windows": gold.count(),
+            "newest_records_quarantined_percent": newest_quarantined,
         }
         report.errors = {
             "kafka_records_missing_in_bronze": _missing(kafka_keys, bronze_keys, KAFKA_KEY_COLUMNS),
@@ -151,6 +218,10 @@ def reconcile(
             # Re-ingestion (e.g. a bronze replay from older offsets) repeats raw
             # records; silver's key dedup absorbs them, so they are not a loss or a double count.
             "bronze_reingested_duplicates": _extra_copies(bronze_keys),
+            # Not a loss (quarantine keeps them), but gold no longer grows: a producer changed its events.
+            "newest_records_mostly_quarantined": (
+                newest_quarantined if newest_quarantined >= 100 * QUARANTINE_ALERT_SHARE else 0
+            ),
         }
         return report
     finally:

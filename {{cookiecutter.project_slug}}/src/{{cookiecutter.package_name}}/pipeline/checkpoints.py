@@ -51,7 +51,6 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from .sink_progress import IDENTITY_PROPERTY, TXN_RETENTION_PROPERTY, SinkProgress, read_sink_progress
@@ -198,7 +197,7 @@ def _rebuilds(stream: str) -> str:
         "bronze": "bronze resumes after the Kafka offsets it already holds, silver re-reads bronze keeping "
         "each record once, gold is rebuilt from silver",
         "silver": "silver re-reads bronze keeping each record once, gold is rebuilt from silver",
-        "gold": "gold is emptied and rebuilt from silver",
+        "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
     }.get(stream, "the stream and everything downstream start over consistently")
 
 
@@ -262,11 +261,10 @@ def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepar
 
 
 def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> None:
-    """Forget the checkpoints of ``streams``; aggregate sinks (gold) are emptied to be rebuilt.
+    """Forget the checkpoints of ``streams``; aggregate sinks (gold) keep their rows for ``gold_build.rebuild``.
 
-    The checkpoint goes first: a crash in between leaves gold with rows and no
-    checkpoint, which the next start refuses, rather than an empty gold with a
-    checkpoint that would skip everything already counted.
+    Until gold is rebuilt, gold has rows and no checkpoint, which every start
+    refuses: a reset cut short never lets a stream count anything twice.
     """
     for stream in streams:
         _delete(spark, lakehouse.checkpoint(stream.name))
@@ -275,7 +273,6 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
         for name in stream.sinks:
             path = lakehouse.table(name)
             if table_exists(spark, path):
-                DeltaTable.forPath(spark, path).delete()
                 _unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
 
 
@@ -310,10 +307,10 @@ def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = No
     return stream_id
 
 
-def create_stream_id(spark: SparkSession, checkpoint: str) -> str:
+def create_stream_id(spark: SparkSession, checkpoint: str, stream_id: str | None = None) -> str:
     # Spark reads the query id from this file when it exists (StreamMetadata), so
     # writing it first lets the tables be bound before any batch runs.
-    stream_id = str(uuid.uuid4())
+    stream_id = stream_id or str(uuid.uuid4())
     _write_text(spark, f"{checkpoint}/metadata", json.dumps({"id": stream_id}))
     return stream_id
 

@@ -11,7 +11,9 @@ Points, inside a stream's micro-batch:
 * after_sink_commit   every sink table has committed the batch, Spark has not yet
                       written its commit-log entry: the classic duplicate window.
 
-and, inside an egress's two-phase write (reached through ``reach``):
+and, inside a sink's own write (reached through ``reach``):
+* between_sink_commits  silver has committed the batch, quarantine has not (silver's
+                      two tables are two Delta commits);
 * after_staging       executors have staged the batch's rows in the database, the
                       driver's transaction has not begun (PostgreSQL, large batches);
 * after_pre_commit    the pre-commit is done, the commit is not: records produced in
@@ -39,6 +41,8 @@ POINTS = (BEFORE_SINK_COMMIT, MID_BATCH, AFTER_SINK_COMMIT)
 AFTER_STAGING = "after_staging"
 AFTER_PRE_COMMIT = "after_pre_commit"
 EGRESS_POINTS = (AFTER_STAGING, AFTER_PRE_COMMIT)
+BETWEEN_SINK_COMMITS = "between_sink_commits"
+INNER_POINTS = (BETWEEN_SINK_COMMITS, *EGRESS_POINTS)
 
 
 def _armed(stream: str, point: str, batch_id: int) -> bool:
@@ -76,7 +80,7 @@ def reach(stream: str, point: str, batch_id: int) -> None:
 
         reach("kafka_egress", AFTER_PRE_COMMIT, batch_id)  # between produce and commit
     """
-    if point not in EGRESS_POINTS:
-        raise ValueError(f"point must be one of {', '.join(EGRESS_POINTS)}, not {point!r}")
+    if point not in INNER_POINTS:
+        raise ValueError(f"point must be one of {', '.join(INNER_POINTS)}, not {point!r}")
     if _armed(stream, point, batch_id):
         _crash(stream, point, batch_id)

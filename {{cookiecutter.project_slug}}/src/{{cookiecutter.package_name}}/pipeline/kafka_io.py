@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
@@ -199,16 +199,39 @@ def spark_source_options(config: Config) -> dict[str, str]:
     }
 
 
-def topic_partitions(config: Config) -> dict[str, list[int]]:
-    """Partition numbers of each configured topic, as the cluster reports them now."""
+def topic_partitions(config: Config, topics: list[str] | None = None) -> dict[str, list[int]]:
+    """Partition numbers of each topic (default: the configured ones), as the cluster reports them now."""
     metadata = AdminClient(client_config(config)).list_topics(timeout=30)
     partitions = {}
-    for topic in config.kafka.topics:
+    for topic in config.kafka.topics if topics is None else topics:
         described = metadata.topics.get(topic)
         if described is None or described.error is not None:
             raise RuntimeError(f"Kafka topic {topic!r} does not exist on {bootstrap_servers(config)}")
         partitions[topic] = sorted(described.partitions)
     return partitions
+
+
+def earliest_offsets(config: Config, topics: list[str]) -> dict[tuple[str, int], int]:
+    """The first offset Kafka still holds in each partition of ``topics`` (above 0 once retention deleted some).
+
+    Example::
+
+        earliest_offsets(config, ["events"])  # {("events", 0): 0, ("events", 1): 1200}
+    """
+    if isinstance(topics, str):
+        raise TypeError("topics must be a list of topic names, not a string")
+    if not topics:
+        return {}
+    partitions = topic_partitions(config, topics)
+    consumer = Consumer(client_config(config, **{"group.id": "lakehouse-offsets", "enable.auto.commit": False}))
+    try:
+        return {
+            (topic, partition): consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0]
+            for topic, numbers in partitions.items()
+            for partition in numbers
+        }
+    finally:
+        consumer.close()
 
 
 def ensure_topics(config: Config, partitions: int = 1) -> None:

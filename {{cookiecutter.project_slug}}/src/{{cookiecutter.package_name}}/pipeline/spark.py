@@ -34,6 +34,9 @@ def build_spark(
         .config("spark.sql.session.timeZone", "UTC")
         # Small local tables: fewer tasks per Delta snapshot read.
         .config("spark.databricks.delta.snapshotPartitions", str(max(shuffle_partitions, 2)))
+        # Gold rebuilt from silver at version V goes on at V + 1, which may not exist yet: Delta
+        # then waits for it instead of refusing (the only check this setting relaxes for a stream).
+        .config("spark.databricks.delta.changeDataFeed.timestampOutOfRange.enabled", "true")
     )
     if master:
         builder = builder.master(master)

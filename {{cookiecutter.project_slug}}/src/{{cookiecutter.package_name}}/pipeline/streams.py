@@ -21,13 +21,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from . import checkpoints, lease
+from . import checkpoints, gold_build, lease
 from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
-from .crash_points import crash_points
+from .crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
 from .egress import configured
 from .egress import stream as egress_stream
-from .kafka_io import spark_source_options, topic_partitions
+from .kafka_io import earliest_offsets, spark_source_options, topic_partitions
+from .progress import QUARANTINE_ALERT_SHARE, report_quarantine
 from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
 from .transforms import (
@@ -88,6 +89,10 @@ def start_stream(
     # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
     stream = STREAMS.get(layer) or egress_stream(layer)
     prepared = checkpoints.prepare(spark, lakehouse, stream)
+    if layer == "bronze":
+        check_subscription(spark, config, lakehouse)
+    if layer == gold_build.STREAM:
+        gold_build.check_window(spark, lakehouse, config.gold_window)
     if delivery is Delivery.AT_LEAST_ONCE:
         prepared = dataclasses.replace(prepared, stream_id=None)
     starters: dict[str, Callable[[], DataStreamWriter]] = {
@@ -140,6 +145,41 @@ def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
     return bronze_records(kafka_rows).writeStream.foreachBatch(write_batch)
 
 
+def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> None:
+    """Refuse bronze when the topics changed in a way Spark's source stops on for good; name the exact way out.
+
+    Spark counts a topic dropped from the subscription as lost partitions, and an added one whose
+    first offset is above 0 as missed records: with failOnDataLoss, every start fails. An added
+    topic that starts at 0 is read from its beginning by Spark itself.
+
+    Example::
+
+        check_subscription(spark, config, Lakehouse("/data/lake"))  # or CheckpointError
+    """
+    checkpoint = lakehouse.checkpoint("bronze")
+    offsets = checkpoints.committed_offsets(spark, checkpoint)
+    if offsets is None or not config.kafka.fail_on_data_loss:
+        return
+    read, wanted = set(json.loads(offsets)), set(config.kafka.topics)
+    removed = sorted(read - wanted)
+    late = {f"{t}[{p}]": first for (t, p), first in earliest_offsets(config, sorted(wanted - read)).items() if first}
+    if not removed and not late:
+        return
+    found = []
+    if removed:
+        found.append(f"removed from kafka.topics: {', '.join(removed)}")
+    if late:
+        found.append("added above offset 0: " + ", ".join(f"{tp} starts at offset {o}" for tp, o in late.items()))
+    raise checkpoints.CheckpointError(
+        f"bronze: checkpoint {checkpoint} reads topics {sorted(read)}, but kafka.topics is {sorted(wanted)} "
+        f"({'; '.join(found)}): Spark would stop on this as lost data at every start. Way out: "
+        f"`{checkpoints.COMMAND} checkpoints reset bronze --only` (it asks first; add `--yes` when not on a "
+        f"terminal): bronze alone starts a new checkpoint that resumes each topic after the offsets bronze "
+        f"holds and reads an added topic from its first offset; a removed topic's records stay in bronze, "
+        f"silver and gold go on as they are."
+    )
+
+
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> str:
     """startingOffsets JSON: the next offset after what bronze holds, earliest elsewhere."""
     ingested = {
@@ -165,16 +205,19 @@ def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoin
         try:
             with crash_points(bronze_batch.sparkSession, "silver", batch_id):
                 ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
-                rejected = sum(r.rejected for r in ranges)
+                rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
+                if rejected:
+                    report_quarantine("silver", batch_id, records, rejected, _reasons(parsed, rejected, records))
                 # Two tables, two commits: each is idempotent on its own, so a crash
                 # between them is repaired by the replay writing only the second. A table
                 # with nothing to insert is left alone (a replay finds nothing either):
                 # a MERGE costs about a second even when its source is empty.
-                if rejected < sum(r.records for r in ranges):
+                if rejected < records:
                     insert_new_kafka_records(
                         valid_events(parsed, contract), silver_path, ranges, prepared.stream_id, batch_id
                     )
                 if rejected:
+                    reach("silver", BETWEEN_SINK_COMMITS, batch_id)
                     insert_new_kafka_records(
                         quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
                     )
@@ -183,6 +226,14 @@ def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoin
 
     bronze = spark.readStream.format("delta").load(lakehouse.table(BRONZE))
     return bronze.writeStream.foreachBatch(write_batch)
+
+
+def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
+    # Counted only when the share calls for a look (one more small job); a few malformed records are normal.
+    if rejected < records * QUARANTINE_ALERT_SHARE:
+        return {}
+    counts = parsed.where(F.col("reason").isNotNull()).groupBy("reason").count().orderBy(F.desc("count")).limit(5)
+    return {row.reason: row["count"] for row in counts.collect()}
 
 
 def _start_gold(
@@ -202,5 +253,9 @@ def _start_gold(
         finally:
             aggregates.unpersist()
 
-    silver = spark.readStream.format("delta").load(lakehouse.table(SILVER))
-    return silver.writeStream.foreachBatch(write_batch)
+    silver = spark.readStream.format("delta")
+    # Set by a rebuild for its new stream only: silver up to there is in gold already.
+    start = None if prepared.stream_id is None else gold_build.starting_version(spark, lakehouse, prepared.stream_id)
+    if start is not None:
+        silver = silver.option("startingVersion", start)
+    return silver.load(lakehouse.table(SILVER)).writeStream.foreachBatch(write_batch)

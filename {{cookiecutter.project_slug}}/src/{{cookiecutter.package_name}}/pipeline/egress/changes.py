@@ -3,7 +3,7 @@
 A micro-batch of the feed can span several gold versions and hold a window more than
 once (an insert, then updates). An egress needs the window's state after the batch:
 the newest change per gold key, with the gold version that made it and whether it
-was a delete (gold is emptied when it is rebuilt).
+was a delete (a rebuild of gold can drop windows).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def latest_per_window(changes: DataFrame, contract: Contract = EVENTS) -> DataFr
     return (
         changes.where(F.col(CHANGE_TYPE).isin(*STATE_CHANGES))
         .groupBy(*contract.gold_key)
-        .agg(F.max_by(state, F.col(COMMIT_VERSION)).alias("state"))
+        # A rebuild of gold replaces its rows in one commit: a delete and an insert of the same
+        # row in one version, of which the insert is the row's state.
+        .agg(F.max_by(state, F.struct(COMMIT_VERSION, F.col(CHANGE_TYPE) != "delete")).alias("state"))
         .select(*contract.gold_key, "state.*")
     )
