@@ -34,7 +34,8 @@ from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_reco
 from {{ cookiecutter.package_name }}.pipeline import checkpoints, lease
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.source_identity import SourceGuard, recorded_sources
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, SILVER, Lakehouse, ensure_tables
 
 
 def produce_records(config, count: int, seed: int) -> list:
@@ -408,4 +409,72 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
     silver = load(spark, pipeline_env, SILVER).select("topic", "partition", "offset").collect()
     assert {tuple(row) for row in silver} == expected
     assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(expected)
+    assert main(["audit"]) == 0
+
+
+def recreate_topic(config, topic: str, partitions: int = 2) -> None:
+    """Delete ``topic`` and create it again under the same name (Kafka gives it a new topic id)."""
+    admin = AdminClient(client_config(config))
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+            return
+        except Exception:  # noqa: BLE001 - the deletion is still being completed; retried until the deadline
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_topic_created_again_under_bronze_is_refused_at_the_next_batch_and_at_a_resuming_start(spark, config):
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
+    topic = config.kafka.topics[0]
+    guard = SourceGuard.at_start(spark, config, lakehouse, resuming=False)
+    old_id = guard.topic_ids()[topic]
+
+    recreate_topic(config, topic)
+
+    for check in (guard.topic_ids, lambda: SourceGuard.at_start(spark, config, lakehouse, resuming=True)):
+        with pytest.raises(checkpoints.CheckpointError) as refused:
+            check()
+        assert f"topic {topic} was deleted and created again (topic id {old_id} recorded on bronze, " in str(
+            refused.value
+        )
+        assert "checkpoints reset bronze --only" in str(refused.value)
+    # A new checkpoint (the way out) reads the new topic: its id is recorded.
+    new_id = SourceGuard.at_start(spark, config, lakehouse, resuming=False).topic_ids()[topic]
+    assert new_id != old_id
+    assert recorded_sources(spark, lakehouse).topic_ids == {topic: new_id}
+
+
+@pytest.mark.slow
+def test_a_topic_deleted_and_created_again_is_refused_until_bronze_alone_is_reset_then_old_and_new_records_stay(
+    spark, pipeline_env, capsys
+):
+    topic = pipeline_env.kafka.topics[0]
+    old = produce_records(pipeline_env, 30, seed=12)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    recreate_topic(pipeline_env, topic)
+    # More records than before: offsets the checkpoint holds exist again, naming other records.
+    new = produce_records(pipeline_env, 40, seed=13)
+
+    capsys.readouterr()
+    assert main(["run", "--layer", "all", "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"topic {topic} was deleted and created again" in refusal
+    assert "checkpoints reset bronze --only" in refusal
+    assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    # The oracle is what was produced: every event of both incarnations once, none lost to a reused offset.
+    silver = load(spark, pipeline_env, SILVER).select("event_id", "topic_id", "partition", "offset").collect()
+    produced = [json.loads(value)["event_id"] for _, value in old + new]
+    assert sorted(row.event_id for row in silver) == sorted(produced)
+    reused = {(row.partition, row.offset) for row in silver if row.event_id.startswith("c12")} & {
+        (row.partition, row.offset) for row in silver if row.event_id.startswith("c13")
+    }
+    assert reused, "the new topic's offsets never met the old ones: the scenario did not happen"
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
     assert main(["audit"]) == 0

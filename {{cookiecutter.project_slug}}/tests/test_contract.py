@@ -162,7 +162,7 @@ def test_a_bad_declaration_fails_naming_the_field(declare, message):
         declare()
 
 
-def test_the_default_contract_gives_the_silver_and_gold_schemas_the_pipeline_always_had():
+def test_the_default_contract_gives_the_documented_silver_and_gold_schemas():
     assert SILVER_SCHEMA == StructType(
         [
             StructField("event_id", StringType(), False),
@@ -171,6 +171,7 @@ def test_the_default_contract_gives_the_silver_and_gold_schemas_the_pipeline_alw
             StructField("event_type", StringType(), False),
             StructField("amount", DecimalType(18, 2), False),
             StructField("topic", StringType(), False),
+            StructField("topic_id", StringType(), False),
             StructField("partition", IntegerType(), False),
             StructField("offset", LongType(), False),
             StructField("kafka_timestamp", TimestampType(), True),
@@ -229,10 +230,10 @@ def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_
         spark.createDataFrame(rows, silver_schema(ORDERS))
         for rows in (
             [
-                ("o1", at, "north", None, 2, 2**40, Decimal("10.05"), "orders", 0, 0, None, at),
-                ("o2", at, "north", "SPRING", 1, 5, Decimal("3.00"), "orders", 0, 1, None, at),
+                ("o1", at, "north", None, 2, 2**40, Decimal("10.05"), "orders", "id-1", 0, 0, None, at),
+                ("o2", at, "north", "SPRING", 1, 5, Decimal("3.00"), "orders", "id-1", 0, 1, None, at),
             ],
-            [("o3", at, "north", None, 3, 1, Decimal("0.95"), "orders", 0, 2, None, at)],
+            [("o3", at, "north", None, 3, 1, Decimal("0.95"), "orders", "id-1", 0, 2, None, at)],
         )
     )
     aggregates = window_aggregates(first, "1 minute", ORDERS)
@@ -251,7 +252,7 @@ def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_
     ]
     # The audit's recomputation matches the null coupon too.
     silver = first.unionByName(second)
-    keys = silver.select("topic", "partition", "offset")
+    keys = silver.select("topic", "topic_id", "partition", "offset")
     no_quarantine = spark.createDataFrame([], QUARANTINE_SCHEMA)
     report = reconcile(keys, keys, silver, no_quarantine, gold, "1 minute", ORDERS)
     assert report.clean, report.as_dict()
@@ -367,7 +368,7 @@ def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold
     silver = table(SILVER)
     assert silver.columns == [
         *("event_id", "event_time", "user_id", "event_type", "channel", "quantity", "amount"),
-        *("topic", "partition", "offset", "kafka_timestamp", "ingest_time"),
+        *("topic", "topic_id", "partition", "offset", "kafka_timestamp", "ingest_time"),
     ]
     assert silver.schema["channel"] == StructField("channel", StringType(), False)
     assert silver.schema["quantity"] == StructField("quantity", IntegerType(), True)

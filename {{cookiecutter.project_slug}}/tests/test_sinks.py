@@ -36,8 +36,8 @@ def gold_row(minute: int, event_type: str, count: int) -> tuple:
     return (start, start + MINUTE, event_type, count, Decimal(count))
 
 
-def quarantine_row(topic: str, partition: int, offset: int) -> tuple:
-    return (topic, partition, offset, T0, None, b"x", [], "not valid JSON", T0)
+def quarantine_row(topic: str, partition: int, offset: int, topic_id: str = "id-1") -> tuple:
+    return (topic, topic_id, partition, offset, T0, None, b"x", [], "not valid JSON", T0)
 
 
 def data_files(table: str) -> list[Path]:
@@ -131,6 +131,23 @@ def test_dedup_reads_only_the_batch_partitions_files_whatever_the_skew_and_topic
     partition_1 = spark.read.format("delta").load(quarantine).where((F.col("topic") == "a") & (F.col("partition") == 1))
     offsets = sorted(row.offset for row in partition_1.collect())
     assert offsets == [100, 101, 102, 103, 104]
+
+
+def test_a_recreated_topics_records_at_offsets_already_held_are_inserted_and_a_replay_of_them_is_not(spark, lakehouse):
+    quarantine = lakehouse.table(QUARANTINE)
+
+    def insert(rows: list[tuple], batch_id: int) -> None:
+        batch = spark.createDataFrame(rows, QUARANTINE_SCHEMA)
+        insert_new_kafka_records(batch, quarantine, kafka_key_ranges(batch), None, batch_id)
+
+    insert([quarantine_row("a", 0, offset) for offset in range(5)], 0)
+    # Deleted and created again: offsets start at 0 under a new topic id, in the same batch as old ones.
+    recreated = [quarantine_row("a", 0, offset, topic_id="id-2") for offset in range(3)]
+    insert([quarantine_row("a", 0, 4), *recreated], 1)
+    insert(recreated, 2)
+
+    rows = spark.read.format("delta").load(quarantine).select("topic_id", "offset").collect()
+    assert sorted(tuple(row) for row in rows) == [("id-1", o) for o in range(5)] + [("id-2", o) for o in range(3)]
 
 
 def test_a_compaction_committed_during_a_merge_makes_it_retry_and_still_insert_once(spark, lakehouse, caplog, tmp_path):

@@ -26,6 +26,7 @@ from {{ cookiecutter.package_name }}.pipeline.transforms import (
     quarantined_records,
     valid_events,
     window_aggregates,
+    with_topic_ids,
 )
 
 INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
@@ -44,6 +45,7 @@ VALID_EVENTS_SCHEMA = StructType(
         StructField("event_type", StringType(), True),
         StructField("amount", DecimalType(18, 2), True),
         StructField("topic", StringType(), False),
+        StructField("topic_id", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("kafka_timestamp", TimestampType(), True),
@@ -53,6 +55,7 @@ VALID_EVENTS_SCHEMA = StructType(
 QUARANTINED_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
+        StructField("topic_id", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("kafka_timestamp", TimestampType(), True),
@@ -91,9 +94,14 @@ def event(**overrides) -> bytes:
     return json.dumps({k: v for k, v in body.items() if v is not ...}).encode()
 
 
-def bronze_row(offset: int, value: bytes | None, partition: int = 0, ingested: datetime = INGESTED) -> tuple:
+TOPIC_ID = "Xh1mVgDMQz2Gd0fTYKMBzA"
+
+
+def bronze_row(
+    offset: int, value: bytes | None, partition: int = 0, ingested: datetime = INGESTED, topic_id: str = TOPIC_ID
+) -> tuple:
     headers = [("source", b"test")]
-    return (b"user-1", value, headers, "events", partition, offset, KAFKA_TIME, 0, ingested)
+    return (b"user-1", value, headers, "events", topic_id, partition, offset, KAFKA_TIME, 0, ingested)
 
 
 def bronze(spark, rows: list[tuple]):
@@ -112,6 +120,7 @@ def test_valid_event_becomes_one_typed_silver_row(spark):
                 "purchase",
                 Decimal("12.50"),
                 "events",
+                TOPIC_ID,
                 0,
                 7,
                 KAFKA_TIME,
@@ -167,6 +176,7 @@ def test_quarantine_row_keeps_raw_bytes_headers_and_kafka_coordinates(spark):
         [
             (
                 "events",
+                TOPIC_ID,
                 1,
                 3,
                 KAFKA_TIME,
@@ -192,7 +202,7 @@ def test_amount_is_exact_two_decimal(spark, amount, expected):
     assert valid_events(parsed).first()["amount"] == expected
 
 
-def test_first_per_kafka_record_keeps_the_earliest_ingested_copy(spark):
+def test_first_per_kafka_record_keeps_the_earliest_copy_and_a_recreated_topics_record_at_the_same_offset(spark):
     later = utc(2024, 1, 2)
     rows = bronze(
         spark,
@@ -201,14 +211,26 @@ def test_first_per_kafka_record_keeps_the_earliest_ingested_copy(spark):
             bronze_row(1, b"x"),
             bronze_row(2, b"y"),
             bronze_row(1, b"x", partition=1),
+            # The topic deleted and created again: offset 1 names another record.
+            bronze_row(1, b"z", topic_id="NEW-INCARNATION", ingested=later),
         ],
     )
 
-    kept = first_per_kafka_record(rows).select("partition", "offset", "ingest_time").orderBy("partition", "offset")
+    kept = (
+        first_per_kafka_record(rows)
+        .select("topic_id", "partition", "offset", "ingest_time")
+        .orderBy("topic_id", "partition", "offset")
+    )
     expected = spark.createDataFrame(
-        [(0, 1, INGESTED), (0, 2, INGESTED), (1, 1, INGESTED)],
+        [
+            ("NEW-INCARNATION", 0, 1, later),
+            (TOPIC_ID, 0, 1, INGESTED),
+            (TOPIC_ID, 0, 2, INGESTED),
+            (TOPIC_ID, 1, 1, INGESTED),
+        ],
         StructType(
             [
+                StructField("topic_id", StringType(), False),
                 StructField("partition", IntegerType(), False),
                 StructField("offset", LongType(), False),
                 StructField("ingest_time", TimestampType(), False),
@@ -219,13 +241,14 @@ def test_first_per_kafka_record_keeps_the_earliest_ingested_copy(spark):
 
 
 def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spark):
+    ID = TOPIC_ID  # noqa: N806 - keeps the rows on one line each
     silver = spark.createDataFrame(
         [
-            ("a", utc(2024, 1, 1, 10, 0, 0), "u", "purchase", Decimal("0.10"), "events", 0, 0, None, INGESTED),
-            ("b", utc(2024, 1, 1, 10, 0, 59), "u", "purchase", Decimal("0.20"), "events", 0, 1, None, INGESTED),
+            ("a", utc(2024, 1, 1, 10, 0, 0), "u", "purchase", Decimal("0.10"), "events", ID, 0, 0, None, INGESTED),
+            ("b", utc(2024, 1, 1, 10, 0, 59), "u", "purchase", Decimal("0.20"), "events", ID, 0, 1, None, INGESTED),
             # Exactly on the boundary: belongs to the next window.
-            ("c", utc(2024, 1, 1, 10, 1, 0), "u", "purchase", Decimal("1.00"), "events", 0, 2, None, INGESTED),
-            ("d", utc(2024, 1, 1, 10, 0, 30), "u", "refund", Decimal("5.55"), "events", 1, 0, None, INGESTED),
+            ("c", utc(2024, 1, 1, 10, 1, 0), "u", "purchase", Decimal("1.00"), "events", ID, 0, 2, None, INGESTED),
+            ("d", utc(2024, 1, 1, 10, 0, 30), "u", "refund", Decimal("5.55"), "events", ID, 1, 0, None, INGESTED),
         ],
         SILVER_SCHEMA,
     )
@@ -243,15 +266,21 @@ def test_window_aggregates_count_and_sum_per_event_type_and_tumbling_window(spar
 
 
 def kafka_rows(spark, rows: list[tuple]):
-    """Rows as the Kafka source gives them: bronze's columns but ingest_time, timestampType camel-cased."""
-    return bronze(spark, rows).drop("ingest_time").withColumnRenamed("timestamp_type", "timestampType")
+    """Rows as the Kafka source gives them: bronze's columns but topic_id and ingest_time, timestampType camel-cased."""
+    return bronze(spark, rows).drop("topic_id", "ingest_time").withColumnRenamed("timestamp_type", "timestampType")
 
 
-def test_bronze_records_keep_every_kafka_column(spark):
-    result = bronze_records(kafka_rows(spark, [bronze_row(5, b"v")]))
+def test_bronze_records_keep_every_kafka_column_and_get_their_topics_id(spark):
+    result = with_topic_ids(bronze_records(kafka_rows(spark, [bronze_row(5, b"v")])), {"events": TOPIC_ID, "b": "B"})
 
-    assert result.schema == BRONZE_SCHEMA
-    assert_df_equality(result.drop("ingest_time"), bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time"))
+    # Spark cannot know the lookup finds every topic: bronze's NOT NULL constraint checks it on write.
+    looked_up = [StructField(f.name, f.dataType, True) if f.name == "topic_id" else f for f in BRONZE_SCHEMA.fields]
+    assert result.schema == StructType(looked_up)
+    assert_df_equality(
+        result.drop("ingest_time"),
+        bronze(spark, [bronze_row(5, b"v")]).drop("ingest_time"),
+        ignore_nullable=True,
+    )
 
 
 def test_every_row_of_one_batch_gets_the_one_time_the_batch_ran(spark):
@@ -317,5 +346,5 @@ def test_optional_fields_are_typed_when_present_and_null_when_absent_or_json_nul
     assert_df_equality(result, expected, ignore_row_order=True)
     assert valid_events(parsed, WITH_QUANTITY_AND_GIFT).columns == [
         *("event_id", "event_time", "user_id", "event_type", "amount", "quantity", "gift", "sequence"),
-        *("topic", "partition", "offset", "kafka_timestamp", "ingest_time"),
+        *("topic", "topic_id", "partition", "offset", "kafka_timestamp", "ingest_time"),
     ]

@@ -24,7 +24,7 @@ from ..pipeline.transforms import bronze_records
 from .harness import Bench, ProgressLog, check_running, input_rows, median_durations, say, stop_all
 from .load import produce_one_transaction
 from .report import Target
-from .silver_scaling import silver_rows
+from .silver_scaling import BENCH_TOPIC_ID, silver_rows
 
 # Which floor each layer's one-record batch is compared with: the source it reads.
 FLOOR_OF = {"bronze": "kafka", "silver": "bronze_table", "gold": "silver_table"}
@@ -199,5 +199,5 @@ def _bronze_row(bench: Bench, topic: str, step: int):
     """One bronze row, as bronze holds a record of ``topic`` at offset ``step``."""
     now = datetime.now(UTC)
     value = json.dumps({"event_id": f"bench-floor-{step}", "event_time": now.isoformat()}).encode()
-    row = (b"bench-floor", value, None, topic, 0, step, now, 0, now)
+    row = (b"bench-floor", value, None, topic, BENCH_TOPIC_ID, 0, step, now, 0, now)
     return bench.spark.createDataFrame([row], BRONZE_SCHEMA)

@@ -26,6 +26,8 @@ from .harness import Bench, build_table, last_commit, say
 from .report import Target
 
 KEYS = ("topic", "partition", "offset")
+# The rows are made, not read from Kafka: one made-up topic id for every topic.
+BENCH_TOPIC_ID = "bench-topic-id"
 
 SKEWED_TOPICS = ("bench-skew-a", "bench-skew-b")
 # (topic, partition, first offset) of every partition of the skewed layout.
@@ -55,6 +57,7 @@ def _silver_columns(topic, partition, offset) -> dict:
         ),
         "amount": ((F.col("id") % 100_000) / 100).cast(AMOUNT_TYPE),
         "topic": topic,
+        "topic_id": F.lit(BENCH_TOPIC_ID),
         "partition": partition.cast("int"),
         "offset": offset.cast("long"),
         "kafka_timestamp": event_time,

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from .config import Config
 from .contract import EVENTS, Contract
 from .egress import configured
-from .kafka_io import bootstrap_servers, spark_security_options
+from .kafka_io import bootstrap_servers, describe_sources, spark_security_options
 from .progress import QUARANTINE_ALERT_SHARE
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from .transforms import (
@@ -28,6 +28,7 @@ from .transforms import (
     quarantined_records,
     valid_events,
     window_aggregates,
+    with_topic_ids,
 )
 
 
@@ -55,8 +56,9 @@ NEWEST = 1000
 
 
 def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
-    """Keys of every committed record in the configured topics, as Kafka holds them now."""
-    return (
+    """Coordinates (with each topic's current id), key and value of every committed record Kafka holds now."""
+    topic_ids = describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids
+    rows = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers(config))
         .option("subscribe", ",".join(config.kafka.topics))
@@ -65,8 +67,8 @@ def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
         .option("endingOffsets", "latest")
         .options(**spark_security_options(config))
         .load()
-        .select(*KAFKA_KEY_COLUMNS, "key", "value")
     )
+    return with_topic_ids(rows, topic_ids).select(*KAFKA_KEY_COLUMNS, "key", "value")
 
 
 def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> AuditReport:
@@ -116,8 +118,8 @@ def compare_content(
 ) -> dict[str, int]:
     """Content, not only coordinates: bronze's key and value against Kafka's, silver and quarantine parsed again.
 
-    A record rewritten in place (a table edited by hand, a bad repair) keeps its (topic, partition,
-    offset), so the coordinate checks cannot see it.
+    A record rewritten in place (a table edited by hand, a bad repair) keeps its coordinates,
+    so the coordinate checks cannot see it.
 
     Example::
 
@@ -151,7 +153,7 @@ def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFra
     flagged = silver_keys.withColumn("quarantined", F.lit(0)).unionByName(
         quarantine_keys.withColumn("quarantined", F.lit(1))
     )
-    by_partition = Window.partitionBy("topic", "partition").orderBy(F.desc("offset"))
+    by_partition = Window.partitionBy("topic", "topic_id", "partition").orderBy(F.desc("offset"))
     share = (
         flagged.withColumn("rank", F.row_number().over(by_partition))
         .where(F.col("rank") <= newest)
@@ -184,9 +186,11 @@ def reconcile(
     silver_keys = silver.select(*KAFKA_KEY_COLUMNS).persist()
     quarantine_keys = quarantine.select(*KAFKA_KEY_COLUMNS).persist()
     try:
-        # Records Kafka has already deleted by retention stay in bronze legitimately.
-        kafka_floor = kafka_keys.groupBy("topic", "partition").agg(F.min("offset").alias("floor"))
-        bronze_in_kafka_range = bronze_keys.join(kafka_floor, ["topic", "partition"]).where("offset >= floor")
+        # Records Kafka has already deleted by retention stay in bronze legitimately, and so do
+        # the records of a topic's earlier incarnation (another topic id): Kafka has none of them.
+        incarnation = ["topic", "topic_id", "partition"]
+        kafka_floor = kafka_keys.groupBy(*incarnation).agg(F.min("offset").alias("floor"))
+        bronze_in_kafka_range = bronze_keys.join(kafka_floor, incarnation).where("offset >= floor")
         bronze_distinct = bronze_keys.distinct()
         parsed_keys = silver_keys.unionByName(quarantine_keys)
         newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)

@@ -54,7 +54,7 @@ from enum import Enum
 from pyspark.sql import SparkSession
 
 from .sink_progress import IDENTITY_PROPERTY, TXN_RETENTION_PROPERTY, SinkProgress, read_sink_progress
-from .tables import BRONZE, Lakehouse, Stream, table_exists
+from .tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
 
 COMMAND = "{{ cookiecutter.project_slug }}"
 # Sinks written by every batch of their stream, even an empty one (bronze appends
@@ -256,7 +256,7 @@ def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepar
     stream_id = state.stream_id or create_stream_id(spark, state.checkpoint)
     for name, path in state.tables.items():
         if state.recorded_ids[name] != stream_id:
-            _set_property(spark, path, IDENTITY_PROPERTY % stream.name, stream_id)
+            set_properties(spark, path, {IDENTITY_PROPERTY % stream.name: stream_id})
     return Prepared(stream_id=stream_id, lost_checkpoint=lost)
 
 
@@ -273,7 +273,7 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
         for name in stream.sinks:
             path = lakehouse.table(name)
             if table_exists(spark, path):
-                _unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
+                unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
 
 
 def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = None) -> str | None:
@@ -345,14 +345,6 @@ def committed_offsets(spark: SparkSession, checkpoint: str) -> str | None:
     text = _read_text(spark, f"{checkpoint}/offsets/{batch}")
     # Offset log: a version line, a batch metadata line, then one line per source.
     return text.splitlines()[2] if text else None
-
-
-def _set_property(spark: SparkSession, path: str, key: str, value: str) -> None:
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{key}' = '{value}')")
-
-
-def _unset_property(spark: SparkSession, path: str, key: str) -> None:
-    spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES IF EXISTS ('{key}')")
 
 
 def _fs(spark: SparkSession, path: str):

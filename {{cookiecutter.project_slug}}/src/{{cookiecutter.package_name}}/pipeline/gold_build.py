@@ -33,7 +33,7 @@ from . import checkpoints
 from .config import duration_seconds
 from .contract import EVENTS, Contract
 from .sink_progress import IDENTITY_PROPERTY
-from .tables import GOLD, SILVER, Lakehouse, Stream, table_exists
+from .tables import GOLD, SILVER, Lakehouse, Stream, read_properties, set_properties, table_exists
 from .transforms import window_aggregates
 
 WINDOW_PROPERTY = "lakehouse.gold.window"
@@ -62,7 +62,7 @@ def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) 
     path = lakehouse.table(GOLD)
     if not table_exists(spark, path):
         return None
-    recorded = _properties(spark, path).get(WINDOW_PROPERTY)
+    recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
     if recorded is None or duration_seconds(recorded, WINDOW_PROPERTY) == configured:
         return None
     return (
@@ -85,9 +85,9 @@ def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) ->
     if refusal is not None:
         raise checkpoints.CheckpointError(refusal)
     path = lakehouse.table(GOLD)
-    if WINDOW_PROPERTY not in _properties(spark, path):
+    if WINDOW_PROPERTY not in read_properties(spark, path):
         # A gold from before the window was recorded: it was built with the window in use.
-        _set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
+        set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
 
 
 def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream_id: str) -> int | None:
@@ -99,7 +99,7 @@ def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream_id: str) 
     """
     if not stream_id:
         raise ValueError("stream_id must be the gold stream's id")
-    start = _properties(spark, lakehouse.table(GOLD)).get(START_PROPERTY)
+    start = read_properties(spark, lakehouse.table(GOLD)).get(START_PROPERTY)
     if start is None:
         return None
     recorded = json.loads(start)
@@ -152,7 +152,7 @@ def rebuild(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, contrac
     rows.write.format("delta").mode("overwrite").save(gold_path)
     stream_id = str(uuid.uuid4())
     start = {"stream_id": stream_id, "silver_version": 0 if silver_version is None else silver_version + 1}
-    _set_properties(
+    set_properties(
         spark,
         gold_path,
         {WINDOW_PROPERTY: gold_window, START_PROPERTY: json.dumps(start), IDENTITY_PROPERTY % STREAM: stream_id},
@@ -164,12 +164,3 @@ def rebuild(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, contrac
 
 def _latest_version(spark: SparkSession, path: str) -> int:
     return DeltaTable.forPath(spark, path).history(1).first()["version"]
-
-
-def _properties(spark: SparkSession, path: str) -> dict[str, str]:
-    return DeltaTable.forPath(spark, path).detail().first()["properties"] or {}
-
-
-def _set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
-    settings = ", ".join(f"'{key}' = '{value}'" for key, value in properties.items())
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")

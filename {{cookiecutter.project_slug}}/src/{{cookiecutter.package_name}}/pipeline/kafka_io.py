@@ -7,10 +7,12 @@ apart between bronze, the audit, the producers and the admin calls.
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
@@ -20,6 +22,22 @@ JAAS_MODULES = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The cluster bronze reads and the id of each topic there (a topic missing from the cluster is absent)."""
+
+    cluster_id: str | None
+    topic_ids: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> str:
+        return json.dumps({"cluster_id": self.cluster_id, "topic_ids": self.topic_ids}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Sources:
+        data = json.loads(text)
+        return cls(data.get("cluster_id"), dict(data.get("topic_ids", {})))
 
 
 def bootstrap_servers(config: Config) -> str:
@@ -232,6 +250,40 @@ def earliest_offsets(config: Config, topics: list[str]) -> dict[tuple[str, int],
         }
     finally:
         consumer.close()
+
+
+def describe_sources(config: Config, topics: list[str], cluster: bool = True) -> Sources:
+    """The cluster's id (when ``cluster``) and Kafka's id of each of ``topics`` that exists, as ``Sources``.
+
+    Example::
+
+        describe_sources(config, ["events"])  # Sources(cluster_id="MkU3...", topic_ids={"events": "Xh1..."})
+    """
+    if isinstance(topics, str):
+        raise TypeError("topics must be a list of topic names, not a string")
+    admin = _admin(config)
+    cluster_id = admin.describe_cluster(request_timeout=30).result().cluster_id if cluster else None
+    topic_ids = {}
+    if topics:
+        for topic, future in admin.describe_topics(TopicCollection(list(topics)), request_timeout=30).items():
+            try:
+                topic_ids[topic] = str(future.result().topic_id)
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+    return Sources(cluster_id, topic_ids)
+
+
+# One admin client per configuration: bronze asks for topic ids before every batch.
+_admins: dict[str, AdminClient] = {}
+
+
+def _admin(config: Config) -> AdminClient:
+    settings = client_config(config)
+    key = repr(sorted(settings.items()))
+    if key not in _admins:
+        _admins[key] = AdminClient(settings)
+    return _admins[key]
 
 
 def ensure_topics(config: Config, partitions: int = 1) -> None:

@@ -146,9 +146,9 @@ def retry_conflicts(write: Callable[[], None], what: str, attempts: int = CONFLI
 
 
 def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
-    """(topic, partition, first_offset, last_offset, records, *aggregates) of a batch: one row per partition."""
+    """(topic, topic_id, partition, first_offset, last_offset, records, *aggregates) of a batch, per partition."""
     return (
-        rows.groupBy("topic", "partition")
+        rows.groupBy("topic", "topic_id", "partition")
         .agg(
             F.min("offset").alias("first_offset"),
             F.max("offset").alias("last_offset"),
@@ -167,6 +167,7 @@ def _target_range_predicate(ranges: list[Row]) -> Column:
         lambda left, right: left | right,
         [
             (F.col("t.topic") == F.lit(r.topic))
+            & (F.col("t.topic_id") == F.lit(r.topic_id))
             & (F.col("t.partition") == F.lit(r.partition))
             & F.col("t.offset").between(F.lit(r.first_offset), F.lit(r.last_offset))
             for r in ranges
@@ -175,11 +176,12 @@ def _target_range_predicate(ranges: list[Row]) -> Column:
 
 
 def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int) -> None:
-    """Insert the rows whose (topic, partition, offset) the table does not hold yet."""
+    """Insert the rows whose (topic, topic_id, partition, offset) the table does not hold yet."""
     if not ranges:
         return
     condition = (
         (F.col("t.topic") == F.col("s.topic"))
+        & (F.col("t.topic_id") == F.col("s.topic_id"))
         & (F.col("t.partition") == F.col("s.partition"))
         & (F.col("t.offset") == F.col("s.offset"))
         & _target_range_predicate(ranges)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +31,7 @@ from .egress import stream as egress_stream
 from .kafka_io import earliest_offsets, spark_source_options, topic_partitions
 from .progress import QUARANTINE_ALERT_SHARE, report_quarantine
 from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
+from .source_identity import SourceGuard
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
 from .transforms import (
     bronze_records,
@@ -38,6 +40,7 @@ from .transforms import (
     quarantined_records,
     valid_events,
     window_aggregates,
+    with_topic_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -130,14 +133,18 @@ def run_available_now(
 
 def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared):
     options = spark_source_options(config)
+    resuming = checkpoints.last_planned_batch(spark, lakehouse.checkpoint("bronze")) is not None
+    sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
     if prepared.lost_checkpoint:
-        options["startingOffsets"] = resume_offsets(spark, config, lakehouse)
+        options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.topic_ids())
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
     bronze_path = lakehouse.table(BRONZE)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
+        # Asked before each batch: a topic created again since the start is refused before anything is written.
+        identified = with_topic_ids(rows, sources.topic_ids())
         with crash_points(rows.sparkSession, "bronze", batch_id):
-            append_idempotent(rows, bronze_path, prepared.stream_id, batch_id)
+            append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
 
     kafka_rows = spark.readStream.format("kafka").options(**options).load()
     # Applied to the stream, not inside write_batch: here current_timestamp() is
@@ -180,16 +187,26 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
     )
 
 
-def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> str:
-    """startingOffsets JSON: the next offset after what bronze holds, earliest elsewhere."""
-    ingested = {
-        (row.topic, row.partition): row.next_offset
-        for row in spark.read.format("delta")
-        .load(lakehouse.table(BRONZE))
-        .groupBy("topic", "partition")
-        .agg((F.max("offset") + 1).alias("next_offset"))
-        .collect()
-    }
+def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
+    """startingOffsets JSON: the next offset after what bronze holds of each topic's current id, earliest elsewhere.
+
+    Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets.
+    """
+    ingested = {}
+    if topic_ids:
+        current = reduce(
+            lambda left, right: left | right,
+            [(F.col("topic") == topic) & (F.col("topic_id") == topic_id) for topic, topic_id in topic_ids.items()],
+        )
+        ingested = {
+            (row.topic, row.partition): row.next_offset
+            for row in spark.read.format("delta")
+            .load(lakehouse.table(BRONZE))
+            .where(current)
+            .groupBy("topic", "partition")
+            .agg((F.max("offset") + 1).alias("next_offset"))
+            .collect()
+        }
     offsets = {
         topic: {str(p): ingested.get((topic, p), EARLIEST) for p in partitions}
         for topic, partitions in topic_partitions(config).items()

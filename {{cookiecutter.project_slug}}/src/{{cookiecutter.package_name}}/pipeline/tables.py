@@ -2,7 +2,7 @@
 
 Layout under the lakehouse root (LAKEHOUSE_ROOT):
 
-    tables/bronze_events         raw Kafka records, append-only
+    tables/bronze_events         raw Kafka records with their topic's id, append-only
     tables/silver_events         parsed, typed, one row per Kafka record
     tables/quarantine_events     records that failed parsing, with the reason
     tables/gold_event_windows    per event-time window and dimension values
@@ -38,7 +38,8 @@ SILVER = "silver_events"
 QUARANTINE = "quarantine_events"
 GOLD = "gold_event_windows"
 
-KAFKA_KEY_COLUMNS = ["topic", "partition", "offset"]
+# A record's identity: offsets restart at 0 in a topic created again, so its id is part of the key.
+KAFKA_KEY_COLUMNS = ["topic", "topic_id", "partition", "offset"]
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType(), True), StructField("value", BinaryType(), True)]), True
@@ -50,6 +51,7 @@ BRONZE_SCHEMA = StructType(
         StructField("value", BinaryType(), True),
         StructField("headers", HEADERS_TYPE, True),
         StructField("topic", StringType(), False),
+        StructField("topic_id", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("timestamp", TimestampType(), True),
@@ -61,6 +63,7 @@ BRONZE_SCHEMA = StructType(
 QUARANTINE_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
+        StructField("topic_id", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("kafka_timestamp", TimestampType(), True),
@@ -75,6 +78,7 @@ QUARANTINE_SCHEMA = StructType(
 # What silver keeps of each record after the contract's fields.
 SILVER_KAFKA_FIELDS = [
     StructField("topic", StringType(), False),
+    StructField("topic_id", StringType(), False),
     StructField("partition", IntegerType(), False),
     StructField("offset", LongType(), False),
     StructField("kafka_timestamp", TimestampType(), True),
@@ -230,8 +234,7 @@ CHANGE_FEED = "delta.enableChangeDataFeed"
 
 
 def _enable_change_feed(spark: SparkSession, path: str) -> None:
-    properties = DeltaTable.forPath(spark, path).detail().select("properties").first()[0]
-    if properties.get(CHANGE_FEED) != "true":
+    if read_properties(spark, path).get(CHANGE_FEED) != "true":
         # Only on the gold made before an egress was turned on: the feed starts at this version.
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
 
@@ -299,3 +302,38 @@ def table_exists(spark: SparkSession, path: str) -> bool:
 
 def table_has_rows(spark: SparkSession, path: str) -> bool:
     return table_exists(spark, path) and bool(spark.read.format("delta").load(path).take(1))
+
+
+def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    """The table properties of the Delta table at ``path`` ({} when there is no table).
+
+    Example::
+
+        read_properties(spark, "/data/lake/tables/gold_event_windows")["lakehouse.gold.window"]  # "1 hour"
+    """
+    if not path:
+        raise ValueError("path must name a Delta table")
+    if not table_exists(spark, path):
+        return {}
+    return DeltaTable.forPath(spark, path).detail().first()["properties"] or {}
+
+
+def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
+    """Set several table properties in one Delta commit, so they change together or not at all.
+
+    Example::
+
+        set_properties(spark, path, {"lakehouse.gold.window": "1 hour"})
+    """
+    if not properties:
+        raise ValueError("properties must name at least one property")
+    quoted = {key: value.replace("\\", "\\\\").replace("'", "\\'") for key, value in properties.items()}
+    settings = ", ".join(f"'{key}' = '{value}'" for key, value in quoted.items())
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+
+
+def unset_property(spark: SparkSession, path: str, key: str) -> None:
+    """Remove one table property; a property that is not set is not an error."""
+    if not key:
+        raise ValueError("key must name a table property")
+    spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES IF EXISTS ('{key}')")

@@ -57,6 +57,18 @@ def bronze_records(kafka_rows: DataFrame) -> DataFrame:
     )
 
 
+def with_topic_ids(bronze_rows: DataFrame, topic_ids: dict[str, str]) -> DataFrame:
+    """Bronze rows with their topic's id (Kafka's topic UUID) after the topic's name, in bronze's column order.
+
+    Spark's Kafka source does not give the id; bronze looks it up per batch (source_identity.py).
+    """
+    ids = F.create_map(*[F.lit(part) for pair in sorted(topic_ids.items()) for part in pair])
+    topic_id = F.element_at(ids, F.col("topic")) if topic_ids else F.lit(None).cast("string")
+    columns = [c for c in bronze_rows.columns if c != "topic_id"]
+    at = columns.index("topic") + 1
+    return bronze_rows.select(*columns[:at], topic_id.alias("topic_id"), *columns[at:])
+
+
 def _json_type(field: Field) -> str:
     """Working column: the field's JSON type as schema_of_variant names it (null if absent)."""
     return f"_json_type_{field.name}"
@@ -165,6 +177,7 @@ def valid_events(parsed: DataFrame, contract: Contract = EVENTS) -> DataFrame:
     return parsed.where(F.col("reason").isNull()).select(
         *contract.names,
         "topic",
+        "topic_id",
         "partition",
         "offset",
         F.col("timestamp").alias("kafka_timestamp"),
@@ -175,6 +188,7 @@ def valid_events(parsed: DataFrame, contract: Contract = EVENTS) -> DataFrame:
 def quarantined_records(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("reason").isNotNull()).select(
         "topic",
+        "topic_id",
         "partition",
         "offset",
         F.col("timestamp").alias("kafka_timestamp"),
@@ -187,7 +201,7 @@ def quarantined_records(parsed: DataFrame) -> DataFrame:
 
 
 def first_per_kafka_record(rows: DataFrame) -> DataFrame:
-    """One row per (topic, partition, offset): the earliest ingested copy.
+    """One row per Kafka record (topic, topic id, partition, offset): the earliest ingested copy.
 
     Bronze can hold the same Kafka record twice after a re-ingestion; the copies
     are identical but for ingest_time, and picking the earliest keeps the choice

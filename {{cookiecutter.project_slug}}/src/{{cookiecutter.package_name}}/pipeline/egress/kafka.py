@@ -393,4 +393,3 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
             egress.publish(changes, batch_id)
 
     return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
-

@@ -1,0 +1,125 @@
+"""Which Kafka topics bronze's records came from: topic ids and the cluster id, recorded and checked.
+
+Kafka offsets name a record only within one incarnation of a topic: a topic
+deleted and created again, or the same name on another cluster, starts again at
+offset 0. Every bronze, silver and quarantine row therefore carries the topic's
+id (Kafka's topic UUID) beside its name, and silver's key is (topic, topic_id,
+partition, offset), so records of a new incarnation are never taken for records
+already held.
+
+Bronze records the ids and the cluster id it reads from as a table property
+(``lakehouse.bronze.sources``). A checkpoint that has planned batches holds
+offsets of the recorded incarnation; if the cluster now reports another id for
+a topic, or another cluster answers, those offsets would point into other
+records (skipped, or read twice under other numbers), so bronze refuses to
+start, and a batch that finds the change refuses before writing. The way out,
+``checkpoints reset bronze --only``, starts bronze's checkpoint anew: each
+topic resumes after the offsets bronze holds *for its current id*, so a new
+incarnation is read from its first offset, and nothing of the old one is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import SparkSession
+
+from . import checkpoints
+from .config import Config
+from .kafka_io import Sources, bootstrap_servers, describe_sources
+from .tables import BRONZE, Lakehouse, read_properties, set_properties
+
+log = logging.getLogger(__name__)
+
+PROPERTY = "lakehouse.bronze.sources"
+
+
+def recorded_sources(spark: SparkSession, lakehouse: Lakehouse) -> Sources | None:
+    """The sources recorded on bronze; None before bronze's first start."""
+    text = read_properties(spark, lakehouse.table(BRONZE)).get(PROPERTY)
+    return None if text is None else Sources.from_json(text)
+
+
+def changes(recorded: Sources, current: Sources) -> list[str]:
+    """What differs between the recorded sources and the cluster's, in words; [] when nothing does.
+
+    A topic with no recorded id is new to bronze, not a change.
+
+    Example::
+
+        changes(Sources("c1", {"events": "A"}), Sources("c1", {"events": "B"}))
+        # ["topic events was deleted and created again (topic id A recorded on bronze, B now)"]
+    """
+    if not isinstance(recorded, Sources) or not isinstance(current, Sources):
+        raise TypeError("recorded and current must be Sources")
+    found = []
+    if recorded.cluster_id and current.cluster_id and recorded.cluster_id != current.cluster_id:
+        found.append(
+            f"another Kafka cluster answers (cluster id {recorded.cluster_id} recorded on bronze, "
+            f"{current.cluster_id} now)"
+        )
+    for topic, old in sorted(recorded.topic_ids.items()):
+        new = current.topic_ids.get(topic)
+        if new is not None and new != old:
+            found.append(f"topic {topic} was deleted and created again (topic id {old} recorded on bronze, {new} now)")
+    return found
+
+
+def refusal(config: Config, lakehouse: Lakehouse, found: list[str]) -> str:
+    return (
+        f"bronze: {'; '.join(found)}, at {bootstrap_servers(config)}. The checkpoint "
+        f"{lakehouse.checkpoint('bronze')} holds offsets of what bronze read before, and offsets start again "
+        f"at 0 in a new topic: resuming would skip the new records or take them for others. Way out: "
+        f"`{checkpoints.COMMAND} checkpoints reset bronze --only` (it asks first; add `--yes` when not on a "
+        f"terminal): bronze starts a new checkpoint that reads each new topic from its first offset and "
+        f"resumes the others after the offsets it holds; every record already in bronze, silver and gold "
+        f"stays, and silver keeps old and new records apart by topic id. If kafka.bootstrap_servers points "
+        f"at the wrong cluster, set it back instead."
+    )
+
+
+class SourceGuard:
+    """Bronze's check of its sources: once at start, then before each batch is written.
+
+    Example::
+
+        guard = SourceGuard.at_start(spark, config, lakehouse, resuming=True)  # or CheckpointError
+        guard.topic_ids()  # {"events": "Xh1...", ...}; CheckpointError if a topic changed since
+    """
+
+    def __init__(self, spark: SparkSession, config: Config, lakehouse: Lakehouse, sources: Sources):
+        self._spark, self._config, self._lakehouse = spark, config, lakehouse
+        self._sources = sources
+
+    @classmethod
+    def at_start(cls, spark: SparkSession, config: Config, lakehouse: Lakehouse, resuming: bool) -> SourceGuard:
+        """Check the cluster against bronze's record and record it; ``resuming``: the checkpoint has planned batches."""
+        current = describe_sources(config, list(config.kafka.topics))
+        recorded = recorded_sources(spark, lakehouse)
+        if recorded is not None and resuming:
+            found = changes(recorded, current)
+            if found:
+                raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
+        guard = cls(spark, config, lakehouse, recorded or Sources(None))
+        guard._record(current)
+        return guard
+
+    def topic_ids(self) -> dict[str, str]:
+        """The current id of every configured topic that exists, refused if one changed since the start."""
+        current = describe_sources(self._config, list(self._config.kafka.topics), cluster=False)
+        found = changes(self._sources, current)
+        if found:
+            raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found))
+        if any(topic not in self._sources.topic_ids for topic in current.topic_ids):
+            self._record(current)
+        return current.topic_ids
+
+    def _record(self, current: Sources) -> None:
+        # Ids of topics no longer configured stay: they are what bronze's older rows came from.
+        merged = Sources(
+            current.cluster_id or self._sources.cluster_id, {**self._sources.topic_ids, **current.topic_ids}
+        )
+        if merged != self._sources:
+            set_properties(self._spark, self._lakehouse.table(BRONZE), {PROPERTY: merged.as_json()})
+            log.info("bronze: reading %s", merged.as_json())
+        self._sources = merged
