@@ -75,7 +75,11 @@ def _service_user() -> pwd.struct_passwd | None:
         return None
     with contextlib.suppress(KeyError):
         return pwd.getpwnam(SYSTEM_USER)
-    cmd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER]
+    # A minimal PATH (cron, `env -i`) often lacks the sbin directories, where useradd lives.
+    useradd = shutil.which("useradd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if useradd is None:
+        raise RuntimeError(f"running as root, PostgreSQL needs the system user {SYSTEM_USER}; no useradd found")
+    cmd = [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER]
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     try:  # a concurrent start may have created it first, which useradd reports as an error
         return pwd.getpwnam(SYSTEM_USER)
