@@ -52,6 +52,13 @@ def newest(directory: Path) -> int:
     return max(int(name.name) for name in directory.iterdir() if name.name.isdigit())
 
 
+def refused_run(capsys) -> str:
+    """Run every layer through the command line, expect the refusal (exit 3) and return its text."""
+    capsys.readouterr()
+    assert main(["run", "--layer", "all", "--available-now"]) == 3
+    return capsys.readouterr().err
+
+
 def load(spark, config, name: str):
     return spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
 
@@ -380,9 +387,7 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
     gold_commits = newest(checkpoint(pipeline_env, "gold") / "commits")
 
     monkeypatch.setenv("KAFKA_TOPICS", f"{first},{second}")
-    capsys.readouterr()
-    assert main(["run", "--layer", "all", "--available-now"]) == 3
-    refusal = capsys.readouterr().err
+    refusal = refused_run(capsys)
     assert f"{second}[0] starts at offset 6" in refusal
     assert "checkpoints reset bronze --only" in refusal
     assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
@@ -397,9 +402,7 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
     produce_records(pipeline_env, 5, seed=10)
     produce(client_config(pipeline_env), second, list(sample_records(7, 11, 0.0, prefix="c11")), transaction_size=50)
     monkeypatch.setenv("KAFKA_TOPICS", second)
-    capsys.readouterr()
-    assert main(["run", "--layer", "all", "--available-now"]) == 3
-    refusal = capsys.readouterr().err
+    refusal = refused_run(capsys)
     assert f"removed from kafka.topics: {first}" in refusal and "checkpoints reset bronze --only" in refusal
     assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0
@@ -460,9 +463,7 @@ def test_a_topic_deleted_and_created_again_is_refused_until_bronze_alone_is_rese
     # More records than before: offsets the checkpoint holds exist again, naming other records.
     new = produce_records(pipeline_env, 40, seed=13)
 
-    capsys.readouterr()
-    assert main(["run", "--layer", "all", "--available-now"]) == 3
-    refusal = capsys.readouterr().err
+    refusal = refused_run(capsys)
     assert f"topic {topic} was deleted and created again" in refusal
     assert "checkpoints reset bronze --only" in refusal
     assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0

@@ -219,7 +219,7 @@ def spark_source_options(config: Config) -> dict[str, str]:
 
 def topic_partitions(config: Config, topics: list[str] | None = None) -> dict[str, list[int]]:
     """Partition numbers of each topic (default: the configured ones), as the cluster reports them now."""
-    metadata = AdminClient(client_config(config)).list_topics(timeout=30)
+    metadata = _admin(config).list_topics(timeout=30)
     partitions = {}
     for topic in config.kafka.topics if topics is None else topics:
         described = metadata.topics.get(topic)
@@ -274,7 +274,8 @@ def describe_sources(config: Config, topics: list[str], cluster: bool = True) ->
     return Sources(cluster_id, topic_ids)
 
 
-# One admin client per configuration: bronze asks for topic ids before every batch.
+# One admin client per configuration: bronze asks for topic ids before every batch, and for
+# partitions and offsets at its start.
 _admins: dict[str, AdminClient] = {}
 
 
@@ -288,7 +289,7 @@ def _admin(config: Config) -> AdminClient:
 
 def ensure_topics(config: Config, partitions: int = 1) -> None:
     """Create the configured topics if missing (local runs; production topics are provisioned)."""
-    admin = AdminClient(client_config(config))
+    admin = _admin(config)
     existing = admin.list_topics(timeout=30).topics
     missing = [
         NewTopic(topic, num_partitions=partitions, replication_factor=1)

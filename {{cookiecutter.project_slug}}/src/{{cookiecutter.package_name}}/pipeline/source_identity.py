@@ -104,6 +104,11 @@ class SourceGuard:
         guard._record(current)
         return guard
 
+    @property
+    def recorded_ids(self) -> dict[str, str]:
+        """The ids as last checked and recorded on bronze (no call to Kafka)."""
+        return dict(self._sources.topic_ids)
+
     def topic_ids(self) -> dict[str, str]:
         """The current id of every configured topic that exists, refused if one changed since the start."""
         current = describe_sources(self._config, list(self._config.kafka.topics), cluster=False)

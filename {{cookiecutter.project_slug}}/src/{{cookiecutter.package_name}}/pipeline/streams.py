@@ -136,7 +136,7 @@ def _start_bronze(spark: SparkSession, config: Config, lakehouse: Lakehouse, pre
     resuming = checkpoints.last_planned_batch(spark, lakehouse.checkpoint("bronze")) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
     if prepared.lost_checkpoint:
-        options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.topic_ids())
+        options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
     bronze_path = lakehouse.table(BRONZE)
 
