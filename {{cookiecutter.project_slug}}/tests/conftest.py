@@ -3,10 +3,12 @@ import re
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
 
@@ -75,3 +77,40 @@ def pipeline_env(monkeypatch, config):
     monkeypatch.setenv("KAFKA_TOPICS", ",".join(config.kafka.topics))
     monkeypatch.setenv("LAKEHOUSE_ROOT", config.lakehouse_root)
     return config
+
+
+def committed_records(config: Config, topics: list[str]) -> dict[tuple[str, int, int], bytes | None]:
+    """{(topic, partition, offset): value} of every committed record Kafka holds, read by a plain
+    read_committed consumer: the oracle shares no code with the pipeline or its audit."""
+    consumer = Consumer(
+        client_config(
+            config,
+            **{"group.id": f"oracle-{uuid.uuid4()}", "isolation.level": "read_committed", "enable.auto.commit": False},
+        )
+    )
+    try:
+        assignment = []
+        for topic in topics:
+            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                if high > low:
+                    assignment.append(TopicPartition(topic, partition, low))
+        consumer.assign(assignment)
+        found: dict[tuple[str, int, int], bytes | None] = {}
+        idle = 0
+        while idle < 5:
+            message = consumer.poll(1.0)
+            if message is None:
+                idle += 1
+            elif not message.error():
+                found[(message.topic(), message.partition(), message.offset())] = message.value()
+                idle = 0
+        return found
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def kafka_oracle():
+    """``committed_records``, for the tests that judge the pipeline against Kafka itself."""
+    return committed_records

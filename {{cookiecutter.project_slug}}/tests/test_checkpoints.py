@@ -17,14 +17,13 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from datetime import datetime
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
@@ -335,43 +334,13 @@ def test_a_changed_gold_window_is_refused_until_reset_rebuilds_gold_at_it_withou
     assert main(["audit"]) == 0
 
 
-def committed_in_kafka(config, topics: list[str]) -> set[tuple[str, int, int]]:
-    """(topic, partition, offset) of every committed record Kafka holds, read by a plain read_committed consumer."""
-    consumer = Consumer(
-        client_config(
-            config,
-            **{"group.id": f"oracle-{uuid.uuid4()}", "isolation.level": "read_committed", "enable.auto.commit": False},
-        )
-    )
-    try:
-        assignment = []
-        for topic in topics:
-            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-                if high > low:
-                    assignment.append(TopicPartition(topic, partition, low))
-        consumer.assign(assignment)
-        found: set[tuple[str, int, int]] = set()
-        idle = 0
-        while idle < 5:
-            message = consumer.poll(1.0)
-            if message is None:
-                idle += 1
-            elif not message.error():
-                found.add((message.topic(), message.partition(), message.offset()))
-                idle = 0
-        return found
-    finally:
-        consumer.close()
-
-
 def bronze_keys(spark, config) -> set[tuple[str, int, int]]:
     return {tuple(row) for row in load(spark, config, BRONZE).select("topic", "partition", "offset").collect()}
 
 
 @pytest.mark.slow
 def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_which_is_exact(
-    spark, pipeline_env, capsys, monkeypatch
+    spark, pipeline_env, capsys, monkeypatch, kafka_oracle
 ):
     first = pipeline_env.kafka.topics[0]
     produce_records(pipeline_env, 30, seed=8)
@@ -395,10 +364,10 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
     assert newest(checkpoint(pipeline_env, "silver") / "commits") == silver_commits
     assert newest(checkpoint(pipeline_env, "gold") / "commits") == gold_commits
     assert main(["run", "--layer", "all", "--available-now"]) == 0
-    assert bronze_keys(spark, pipeline_env) == committed_in_kafka(pipeline_env, [first, second])
+    assert bronze_keys(spark, pipeline_env) == set(kafka_oracle(pipeline_env, [first, second]))
 
     # The first topic leaves the subscription: what bronze has of it stays, nothing newer comes in.
-    kept = committed_in_kafka(pipeline_env, [first])
+    kept = set(kafka_oracle(pipeline_env, [first]))
     produce_records(pipeline_env, 5, seed=10)
     produce(client_config(pipeline_env), second, list(sample_records(7, 11, 0.0, prefix="c11")), transaction_size=50)
     monkeypatch.setenv("KAFKA_TOPICS", second)
@@ -407,7 +376,7 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
     assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0
 
-    expected = kept | committed_in_kafka(pipeline_env, [second])
+    expected = kept | set(kafka_oracle(pipeline_env, [second]))
     assert bronze_keys(spark, pipeline_env) == expected and len(expected) == 30 + 14 + 7
     silver = load(spark, pipeline_env, SILVER).select("topic", "partition", "offset").collect()
     assert {tuple(row) for row in silver} == expected

@@ -19,6 +19,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from .audit_command import add_audit_command
+from .audit_command import cmd_audit as run_audit_command
 from .egress_commands import (
     LOCAL_SERVER_COMMANDS,
     add_local_server_commands,
@@ -56,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     describe = commands.add_parser("describe", help="streams, tables and checkpoints")
     describe.add_argument("--json", action="store_true")
 
-    audit = commands.add_parser("audit", help="reconcile Kafka, bronze, silver, quarantine and gold")
-    audit.add_argument("--json", action="store_true")
+    add_audit_command(commands)
 
     cps = commands.add_parser("checkpoints", help="list or reset stream checkpoints")
     cp_actions = cps.add_subparsers(dest="action", required=True)
@@ -280,18 +281,7 @@ def cmd_describe(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_audit(config: Config, args: argparse.Namespace) -> int:
-    from .pipeline.audit import run_audit
-
-    report = run_audit(_spark(config, "audit"), config)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        for section in ("counts", "errors", "warnings"):
-            print(section)
-            for name, value in getattr(report, section).items():
-                print(f"  {name:<50} {value:>10}")
-        print(f"audit verdict: {'clean' if report.clean else 'FAILED'}")
-    return 0 if report.clean else 1
+    return run_audit_command(config, args, lambda: _spark(config, "audit"))
 
 
 def cmd_checkpoints(config: Config, args: argparse.Namespace) -> int:

@@ -4,8 +4,16 @@ Kafka offsets have gaps (transaction markers, aborted records, compaction), so
 the audit compares against the committed records that exist, read back with
 read_committed, never against offset arithmetic. Content is compared too: each
 bronze record's key and value against Kafka's (a digest), and silver and
-quarantine against bronze parsed again. Run it on a drained pipeline (after
-`run --available-now`): records still in flight count as missing.
+quarantine against bronze parsed again.
+
+The pipeline may keep running: the audit reads a cut (audit_cut.py), how far each
+stream had got by its checkpoint and its tables, and checks each stream against
+exactly what it had consumed; records after the cut are in flight, not missing.
+A bound (the last N bronze batches, or records since a time) keeps it cheap on a
+large lakehouse: Kafka is read over that range only, the tables are read through
+filters their statistics prune on, and gold over the windows those records touch.
+On a compacted topic, a bronze record Kafka no longer has is accounted for when a
+later record has its key, or when it is a tombstone.
 """
 
 from __future__ import annotations
@@ -16,10 +24,11 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from .audit_cut import Bound, Consumed, Cut, take_cut, touched_windows
 from .config import Config
-from .contract import EVENTS, Contract
+from .contract import EVENTS, WINDOW_START, Contract
 from .egress import configured
-from .kafka_io import bootstrap_servers, describe_sources, spark_security_options
+from .kafka_io import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
 from .progress import QUARANTINE_ALERT_SHARE
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from .transforms import (
@@ -31,12 +40,16 @@ from .transforms import (
     with_topic_ids,
 )
 
+GOLD_VERSION = "gold_version"
+KAFKA_RECORD = "topic string, topic_id string, partition int, offset long, key binary, value binary"
+
 
 @dataclass
 class AuditReport:
     counts: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
+    cut: dict = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -48,6 +61,7 @@ class AuditReport:
             "counts": self.counts,
             "errors": self.errors,
             "warnings": self.warnings,
+            "cut": self.cut,
         }
 
 
@@ -55,49 +69,127 @@ class AuditReport:
 NEWEST = 1000
 
 
-def committed_kafka_records(spark: SparkSession, config: Config) -> DataFrame:
-    """Coordinates (with each topic's current id), key and value of every committed record Kafka holds now."""
+def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut) -> DataFrame:
+    """Coordinates (with each topic's current id), key and value of the committed records in the cut's range."""
     topic_ids = describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids
+    assigned, starting, ending = cut.kafka_offsets()
+    if not assigned:
+        # Bronze has read nothing yet, or nothing lies in the bound.
+        return spark.createDataFrame([], KAFKA_RECORD)
     rows = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers(config))
-        .option("subscribe", ",".join(config.kafka.topics))
+        # The partitions in the range only: `assign` with offsets for exactly those.
+        .option("assign", assigned)
         .option("kafka.isolation.level", "read_committed")
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
         .options(**spark_security_options(config))
         .load()
     )
     return with_topic_ids(rows, topic_ids).select(*KAFKA_KEY_COLUMNS, "key", "value")
 
 
-def run_audit(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> AuditReport:
-    """Reconcile the lakehouse of ``config`` with Kafka; gold is recomputed from silver by ``contract``."""
+def run_audit(
+    spark: SparkSession, config: Config, contract: Contract = EVENTS, bound: Bound | None = None
+) -> AuditReport:
+    """Reconcile the lakehouse of ``config`` with Kafka at a cut of the (perhaps running) pipeline.
+
+    Gold is recomputed from silver by ``contract``; ``bound`` narrows the audit to bronze's last
+    batches or to records since a time.
+
+    Example::
+
+        run_audit(spark, config, bound=Bound(last_batches=20)).clean
+    """
+    bound = Bound() if bound is None else bound
     lakehouse = Lakehouse(config.lakehouse_root)
     schemas = table_schemas(contract)
+    egresses = configured(config)
+    cut = take_cut(spark, config, lakehouse, bound, tuple(egresses))
 
-    def table(name: str) -> DataFrame:
-        rows = spark.read.format("delta").load(lakehouse.table(name))
-        # Tables of another contract would fail obscurely, or compare the wrong columns.
-        check_schema(name, lakehouse.table(name), schemas[name], rows.schema)
-        return rows
+    def table(name: str, read: Consumed | None = None) -> DataFrame:
+        version = cut.versions[name] if read is None else read.whole
+        reader = spark.read.format("delta")
+        if version is not None and version >= 0:
+            # Pinned: every query of the audit sees the same version, whatever commits meanwhile.
+            reader = reader.option("versionAsOf", version)
+        rows = reader.load(lakehouse.table(name))
+        if read is None:
+            # Tables of another contract would fail obscurely, or compare the wrong columns.
+            check_schema(name, lakehouse.table(name), schemas[name], rows.schema)
+        return rows.where(F.lit(False)) if version is not None and version < 0 else rows
 
     # In layer order: a lakehouse of another contract is named by its first table that differs.
     tables = {name: table(name) for name in (BRONZE, SILVER, QUARANTINE, GOLD)}
-    kafka = committed_kafka_records(spark, config)
-    report = reconcile(kafka, *tables.values(), config.gold_window, contract)
-    report.errors.update(compare_content(kafka, tables[BRONZE], tables[SILVER], tables[QUARANTINE], contract))
-    for name, module in configured(config).items():
-        reconcile_egress(report, name, module.read_back(spark, config), tables[GOLD], contract)
+    in_range = cut.rows_in_range(describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids)
+    bronze, silver, quarantine = (in_range(tables[name]) for name in (BRONZE, SILVER, QUARANTINE))
+    windows = touched_windows(in_range(table(SILVER, cut.gold_read)), config.gold_window, contract, bound.whole)
+    gold_exact = cut.gold_read.exact
+    kafka = committed_kafka_records(spark, config, cut)
+    report = reconcile(
+        kafka,
+        bronze,
+        silver,
+        quarantine,
+        windows(tables[GOLD], WINDOW_START) if gold_exact else None,
+        config.gold_window,
+        contract,
+        bronze_read=in_range(table(BRONZE, cut.silver_read)),
+        silver_read=windows(table(SILVER, cut.gold_read), contract.event_time),
+        compacted=compacted_topics(config, list(config.kafka.topics)),
+        kafka_log_start=cut.kafka_log_start,
+    )
+    report.cut = cut.as_dict()
+    if not gold_exact:
+        # Delta split a silver version over gold batches (maxFilesPerTrigger): gold holds part of it.
+        report.warnings["gold_not_audited_its_last_batch_ended_inside_a_silver_version"] = 1
+    report.errors.update(compare_content(kafka, bronze, silver, quarantine, contract))
+    for name, module in egresses.items():
+        read = cut.egress_read[name]
+        if not read.exact:
+            report.warnings[f"{name}_not_audited_its_last_batch_ended_inside_a_gold_version"] = 1
+            continue
+        gold_then, gold_now = windows(table(GOLD, read), WINDOW_START), windows(tables[GOLD], WINDOW_START)
+        mirror = windows(module.read_back(spark, config), WINDOW_START)
+        reconcile_egress(report, name, mirror, gold_then, contract, through=read.whole, gold_now=gold_now)
         report.errors.update(module.audit_errors(spark, config))
     return report
 
 
-def reconcile_egress(report: AuditReport, name: str, mirror: DataFrame, gold: DataFrame, contract: Contract) -> None:
-    """An egress's sink, read back as its consumers see it, must equal gold row for row."""
+def reconcile_egress(
+    report: AuditReport,
+    name: str,
+    mirror: DataFrame,
+    gold: DataFrame,
+    contract: Contract,
+    through: int | None = None,
+    gold_now: DataFrame | None = None,
+) -> None:
+    """An egress's sink, read back as its consumers see it, must equal gold row for row.
+
+    With ``through`` (the last gold version the egress had consumed), ``gold`` is gold as of that
+    version: rows the egress wrote from later versions are in flight, and so is a row gold has
+    dropped since (``gold_now`` lacks it), which the egress may already have deleted.
+    """
     columns = gold.columns
     report.counts[f"{name}_rows"] = mirror.count()
+    if through is not None:
+        later = mirror.where(F.col(GOLD_VERSION) > through).select(*contract.gold_key)
+        dropped = gold.select(*contract.gold_key).exceptAll(gold_now.select(*contract.gold_key))
+        in_flight = later.unionByName(dropped).distinct()
+        report.counts[f"{name}_rows_in_flight"] = later.count()
+        mirror, gold = (
+            _without(rows, in_flight, contract.gold_key)
+            for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
+        )
     report.errors[f"{name}_rows_not_matching_gold"] = _gold_differences(mirror.select(*columns), gold, contract).count()
+
+
+def _without(rows: DataFrame, keys: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    # Null-safe: an optional dimension's null is a value of its own.
+    same = reduce(lambda left, right: left & right, [F.col(f"r.{c}").eqNullSafe(F.col(f"k.{c}")) for c in key])
+    return rows.alias("r").join(keys.alias("k"), same, "left_anti").select("r.*")
 
 
 def _gold_differences(expected: DataFrame, gold: DataFrame, contract: Contract) -> DataFrame:
@@ -176,48 +268,65 @@ def reconcile(
     bronze: DataFrame,
     silver: DataFrame,
     quarantine: DataFrame,
-    gold: DataFrame,
+    gold: DataFrame | None,
     window_duration: str,
     contract: Contract = EVENTS,
+    *,
+    bronze_read: DataFrame | None = None,
+    silver_read: DataFrame | None = None,
+    compacted: set[str] | frozenset[str] = frozenset(),
+    kafka_log_start: dict[tuple[str, int], int] | None = None,
 ) -> AuditReport:
-    """Every check of the audit, on DataFrames: usable on planted data in tests."""
+    """Every check of the audit, on DataFrames: usable on planted data in tests.
+
+    ``bronze_read`` is bronze as silver had consumed it and ``silver_read`` silver as gold had
+    (default: the tables as given, for a drained pipeline). ``gold`` None leaves gold unchecked.
+    ``compacted`` names compacted topics, whose records Kafka removes once a later one has their key;
+    ``kafka_log_start`` each partition's first offset (below it retention deleted; default: the first read).
+
+    Example::
+
+        reconcile(kafka, bronze, silver, quarantine, gold, "1 minute").errors["silver_duplicates"]  # 0
+    """
+    if compacted and not {"key", "value"} <= set(kafka.columns) & set(bronze.columns):
+        raise ValueError("kafka and bronze must hold key and value to account for compacted topics")
     kafka_keys = kafka.select(*KAFKA_KEY_COLUMNS).persist()
     bronze_keys = bronze.select(*KAFKA_KEY_COLUMNS).persist()
     silver_keys = silver.select(*KAFKA_KEY_COLUMNS).persist()
     quarantine_keys = quarantine.select(*KAFKA_KEY_COLUMNS).persist()
     try:
-        # Records Kafka has already deleted by retention stay in bronze legitimately, and so do
-        # the records of a topic's earlier incarnation (another topic id): Kafka has none of them.
-        incarnation = ["topic", "topic_id", "partition"]
-        kafka_floor = kafka_keys.groupBy(*incarnation).agg(F.min("offset").alias("floor"))
-        bronze_in_kafka_range = bronze_keys.join(kafka_floor, incarnation).where("offset >= floor")
-        bronze_distinct = bronze_keys.distinct()
         parsed_keys = silver_keys.unionByName(quarantine_keys)
+        consumed = bronze_keys if bronze_read is None else bronze_read.select(*KAFKA_KEY_COLUMNS)
+        absent, compacted_away = _bronze_not_in_kafka(
+            kafka, kafka_keys, bronze, bronze_keys, compacted, kafka_log_start
+        )
         newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)
-        gold_diff = _gold_differences(window_aggregates(silver, window_duration, contract), gold, contract)
         report = AuditReport()
         report.counts = {
             "kafka_committed_records": kafka_keys.count(),
             "bronze_rows": bronze_keys.count(),
             "silver_rows": silver_keys.count(),
             "quarantine_rows": quarantine_keys.count(),
-            "gold_windows": gold.count(),
             "newest_records_quarantined_percent": newest_quarantined,
+            "bronze_records_compacted_away_in_kafka": compacted_away,
         }
         report.errors = {
             "kafka_records_missing_in_bronze": _missing(kafka_keys, bronze_keys, KAFKA_KEY_COLUMNS),
-            "bronze_records_not_committed_in_kafka": _missing(
-                bronze_in_kafka_range.select(*KAFKA_KEY_COLUMNS), kafka_keys, KAFKA_KEY_COLUMNS
-            ),
+            "bronze_records_not_committed_in_kafka": absent,
             "bronze_records_missing_in_silver_and_quarantine": _missing(
-                bronze_distinct, parsed_keys, KAFKA_KEY_COLUMNS
+                consumed.distinct(), parsed_keys, KAFKA_KEY_COLUMNS
             ),
             "silver_duplicates": _extra_copies(silver_keys),
             "quarantine_duplicates": _extra_copies(quarantine_keys),
             "records_in_both_silver_and_quarantine": silver_keys.join(quarantine_keys, KAFKA_KEY_COLUMNS).count(),
-            "silver_or_quarantine_records_not_in_bronze": _missing(parsed_keys, bronze_distinct, KAFKA_KEY_COLUMNS),
-            "gold_windows_not_matching_silver": gold_diff.count(),
+            "silver_or_quarantine_records_not_in_bronze": _missing(
+                parsed_keys, bronze_keys.distinct(), KAFKA_KEY_COLUMNS
+            ),
         }
+        if gold is not None:
+            expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
+            report.counts["gold_windows"] = gold.count()
+            report.errors["gold_windows_not_matching_silver"] = _gold_differences(expected, gold, contract).count()
         report.warnings = {
             # Re-ingestion (e.g. a bronze replay from older offsets) repeats raw
             # records; silver's key dedup absorbs them, so they are not a loss or a double count.
@@ -231,3 +340,46 @@ def reconcile(
     finally:
         for frame in (kafka_keys, bronze_keys, silver_keys, quarantine_keys):
             frame.unpersist()
+
+
+def _bronze_not_in_kafka(
+    kafka: DataFrame, kafka_keys: DataFrame, bronze: DataFrame, bronze_keys: DataFrame, compacted, log_start
+) -> tuple[int, int]:
+    """(bronze records Kafka should hold and does not, those a compacted topic removed legitimately)."""
+    # Records Kafka has already deleted by retention stay in bronze legitimately, and so do
+    # the records of a topic's earlier incarnation (another topic id): Kafka has none of them.
+    incarnation = ["topic", "topic_id", "partition"]
+    floor = kafka_keys.groupBy(*incarnation).agg(F.min("offset").alias("floor"))
+    if log_start:
+        # Compaction leaves gaps from the log's start on: the floor is where retention stopped.
+        starts = kafka.sparkSession.createDataFrame(
+            [(topic, partition, offset) for (topic, partition), offset in log_start.items()],
+            "topic string, partition int, log_start long",
+        )
+        floor = floor.join(starts, ["topic", "partition"], "left").select(
+            *incarnation, F.least("floor", F.coalesce("log_start", "floor")).alias("floor")
+        )
+    in_range = bronze_keys.join(floor, incarnation).where("offset >= floor").select(*KAFKA_KEY_COLUMNS)
+    absent = in_range.join(kafka_keys, KAFKA_KEY_COLUMNS, "left_anti")
+    if not compacted:
+        return absent.count(), 0
+    # Compaction keeps the newest record of each key, and drops a tombstone (null value) after a while.
+    by_key = [*incarnation, "key"]
+    newest = (
+        bronze.select(*by_key, "offset")
+        .unionByName(kafka.select(*by_key, "offset"))
+        .groupBy(*by_key)
+        .agg(F.max("offset").alias("newest"))
+    )
+    explained = (
+        absent.distinct()
+        .where(F.col("topic").isin(*sorted(compacted)))
+        .join(bronze.select(*KAFKA_KEY_COLUMNS, "key", "value"), KAFKA_KEY_COLUMNS)
+        .join(newest, by_key, "left")
+        # Every copy bronze holds at those coordinates must be explained.
+        .groupBy(*KAFKA_KEY_COLUMNS)
+        .agg(F.min(F.col("value").isNull() | (F.col("offset") < F.coalesce("newest", "offset"))).alias("ok"))
+        .where("ok")
+        .select(*KAFKA_KEY_COLUMNS)
+    )
+    return absent.join(explained, KAFKA_KEY_COLUMNS, "left_anti").count(), explained.count()

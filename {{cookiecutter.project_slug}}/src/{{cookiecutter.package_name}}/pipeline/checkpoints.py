@@ -333,15 +333,29 @@ def last_planned_batch(spark: SparkSession, checkpoint: str) -> int | None:
 
         last_planned_batch(spark, "/data/lake/checkpoints/gold")  # 42 while batch 42 runs
     """
-    batches = [int(name) for name in _list_names(spark, f"{checkpoint}/offsets") if name.isdigit()]
-    return max(batches, default=None)
+    return max(planned_batches(spark, checkpoint), default=None)
+
+
+def planned_batches(spark: SparkSession, checkpoint: str) -> list[int]:
+    """The batches the offset log still holds (Spark keeps the newest minBatchesToRetain)."""
+    return [int(name) for name in _list_names(spark, f"{checkpoint}/offsets") if name.isdigit()]
 
 
 def committed_offsets(spark: SparkSession, checkpoint: str) -> str | None:
     """The source offsets (JSON) of the newest committed batch, as Spark logged them."""
     batch = last_committed_batch(spark, checkpoint)
-    if batch is None:
-        return None
+    return None if batch is None else batch_offsets(spark, checkpoint, batch)
+
+
+def batch_offsets(spark: SparkSession, checkpoint: str, batch: int) -> str | None:
+    """The source offsets (JSON) batch ``batch`` ends at, from the offset log; None once it is gone.
+
+    Example::
+
+        batch_offsets(spark, "/data/lake/checkpoints/bronze", 41)  # '{"events":{"0":5120}}'
+    """
+    if not isinstance(batch, int) or batch < 0:
+        raise ValueError(f"batch must be a batch id (an int >= 0), got {batch!r}")
     text = _read_text(spark, f"{checkpoint}/offsets/{batch}")
     # Offset log: a version line, a batch metadata line, then one line per source.
     return text.splitlines()[2] if text else None

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
 
@@ -236,18 +237,75 @@ def earliest_offsets(config: Config, topics: list[str]) -> dict[tuple[str, int],
 
         earliest_offsets(config, ["events"])  # {("events", 0): 0, ("events", 1): 1200}
     """
+    return {partition: low for partition, (low, _) in watermark_offsets(config, topics).items()}
+
+
+def watermark_offsets(config: Config, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(first offset held, next offset to be written) of each partition of ``topics``.
+
+    Example::
+
+        watermark_offsets(config, ["events"])  # {("events", 0): (0, 5120)}
+    """
     if isinstance(topics, str):
         raise TypeError("topics must be a list of topic names, not a string")
     if not topics:
         return {}
     partitions = topic_partitions(config, topics)
-    consumer = Consumer(client_config(config, **{"group.id": "lakehouse-offsets", "enable.auto.commit": False}))
-    try:
+    with _consumer(config) as consumer:
         return {
-            (topic, partition): consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0]
+            (topic, partition): consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             for topic, numbers in partitions.items()
             for partition in numbers
         }
+
+
+def offsets_for_time(config: Config, partitions: list[tuple[str, int]], epoch_ms: int) -> dict[tuple[str, int], int]:
+    """The first offset of each partition whose record timestamp is at or after ``epoch_ms``.
+
+    A partition with no record that late answers its end offset (nothing to read from there).
+
+    Example::
+
+        offsets_for_time(config, [("events", 0)], 1_767_225_600_000)  # {("events", 0): 4096}
+    """
+    if not isinstance(epoch_ms, int) or epoch_ms < 0:
+        raise ValueError(f"epoch_ms must be a non-negative int, got {epoch_ms!r}")
+    if not partitions:
+        return {}
+    asked = [TopicPartition(topic, partition, epoch_ms) for topic, partition in partitions]
+    with _consumer(config) as consumer:
+        found = consumer.offsets_for_times(asked, timeout=30)
+        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in asked}
+    # -1: no record at or after the time.
+    return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else ends[(tp.topic, tp.partition)] for tp in found}
+
+
+def compacted_topics(config: Config, topics: list[str]) -> set[str]:
+    """Those of ``topics`` whose cleanup.policy compacts: Kafka removes a record once a later one has its key.
+
+    Example::
+
+        compacted_topics(config, ["events", "customers"])  # {"customers"}
+    """
+    if isinstance(topics, str):
+        raise TypeError("topics must be a list of topic names, not a string")
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
+    if not resources:
+        return set()
+    described = _admin(config).describe_configs(resources, request_timeout=30)
+    return {
+        resource.name
+        for resource, future in described.items()
+        if "compact" in future.result()["cleanup.policy"].value.split(",")
+    }
+
+
+@contextmanager
+def _consumer(config: Config):
+    consumer = Consumer(client_config(config, **{"group.id": "lakehouse-offsets", "enable.auto.commit": False}))
+    try:
+        yield consumer
     finally:
         consumer.close()
 

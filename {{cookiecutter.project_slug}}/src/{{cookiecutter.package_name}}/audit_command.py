@@ -1,0 +1,86 @@
+"""The `audit` command: reconcile the lakehouse at a cut of the running pipeline, whole or bounded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from .pipeline.audit_cut import AuditRangeError, Bound
+from .pipeline.config import Config, ConfigError, duration_seconds
+
+# Usage errors of the bound (a value the checkpoint cannot answer): the CLI's exit code for bad input.
+EXIT_BAD_BOUND = 2
+
+
+def add_audit_command(commands) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="reconcile Kafka, bronze, silver, quarantine, gold and each egress at a cut of the running pipeline",
+    )
+    audit.add_argument("--json", action="store_true")
+    bound = audit.add_mutually_exclusive_group()
+    bound.add_argument("--last-batches", type=int, metavar="N", help="only the records of bronze's last N batches")
+    bound.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only records Kafka timestamped since WHEN: an ISO-8601 time ('2026-11-23T08:00:00+00:00') "
+        "or a duration back from now ('2 hours')",
+    )
+
+
+def parse_bound(last_batches: int | None, since: str | None, now_s: float | None = None) -> Bound:
+    """The audit's bound from the command line; ConfigError naming the flag for a value that is not one.
+
+    Example::
+
+        parse_bound(None, "2 hours")  # Bound(since_ms=<two hours ago>)
+    """
+    if last_batches is not None and last_batches < 1:
+        raise ConfigError(f"--last-batches: {last_batches} is not a number of batches (1 or more)")
+    if since is None:
+        return Bound(last_batches=last_batches)
+    now_s = time.time() if now_s is None else now_s
+    try:
+        when = datetime.fromisoformat(since.strip())
+    except ValueError:
+        when = None
+    if when is None:
+        try:
+            return Bound(since_ms=int((now_s - duration_seconds(since, "--since")) * 1000))
+        except ConfigError:
+            raise ConfigError(
+                f"--since: {since!r} is neither an ISO-8601 time (2026-11-23T08:00:00+00:00) "
+                f"nor a duration like '2 hours'"
+            ) from None
+    if when.tzinfo is None:
+        raise ConfigError(f"--since: {since!r} has no UTC offset; write it as {since}+00:00 or with your zone's")
+    if when.timestamp() > now_s:
+        raise ConfigError(f"--since: {since!r} is in the future")
+    return Bound(since_ms=int(when.timestamp() * 1000))
+
+
+def cmd_audit(config: Config, args: argparse.Namespace, spark: Callable[[], object]) -> int:
+    from .pipeline.audit import run_audit
+
+    bound = parse_bound(args.last_batches, args.since)
+    try:
+        report = run_audit(spark(), config, bound=bound)
+    except AuditRangeError as error:
+        print(f"audit: {error}", file=sys.stderr)
+        return EXIT_BAD_BOUND
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        for section in ("counts", "errors", "warnings"):
+            print(section)
+            for name, value in getattr(report, section).items():
+                print(f"  {name:<60} {value:>10}")
+        cut = report.cut
+        print(f"cut: table versions {cut['table_versions']}; stream batches {cut['batches']}")
+        print(f"  kafka range [first, end) per partition: {cut['kafka_range'] or 'none read by bronze yet'}")
+        print(f"audit verdict: {'clean' if report.clean else 'FAILED'}")
+    return 0 if report.clean else 1

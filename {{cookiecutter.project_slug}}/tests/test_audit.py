@@ -1,0 +1,248 @@
+"""The audit on a running pipeline, on a compacted topic and over a bounded range.
+
+Each scenario is judged against Kafka read by a plain consumer (``kafka_oracle``)
+and against what the test produced, never against the pipeline's own code.
+"""
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from {{ cookiecutter.package_name }}.audit_command import parse_bound
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
+from {{ cookiecutter.package_name }}.pipeline.audit_cut import Bound, Consumed, delta_consumed
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
+from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
+from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, SILVER, Lakehouse
+
+
+def delta_offset(version: int, index: int, starting: bool = False) -> str:
+    offset = {"sourceVersion": 1, "reservoirId": "t", "reservoirVersion": version, "index": index}
+    return json.dumps({**offset, "isStartingVersion": starting})
+
+
+def test_a_delta_offset_tells_the_versions_read_whole_and_whether_one_was_read_in_part():
+    assert delta_consumed(None) == Consumed(-1, True)
+    assert delta_consumed(delta_offset(8, -1)) == Consumed(7, True)
+    assert delta_consumed(delta_offset(8, 3)) == Consumed(7, False)
+    # Inside the initial snapshot: nothing is read whole until the stream moves past it.
+    assert delta_consumed(delta_offset(5, 12, starting=True)) == Consumed(-1, False)
+
+
+def test_the_audit_bound_takes_batches_an_iso_time_or_a_duration_and_names_the_flag_when_wrong():
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC).timestamp()
+    assert parse_bound(None, None) == Bound()
+    assert parse_bound(5, None) == Bound(last_batches=5)
+    assert parse_bound(None, "2 hours", now_s=now) == Bound(since_ms=int((now - 7200) * 1000))
+    assert parse_bound(None, "2026-11-23T11:00:00+01:00", now_s=now) == Bound(since_ms=int((now - 7200) * 1000))
+    for flags, message in [
+        ((0, None), "--last-batches: 0"),
+        ((None, "yesterday"), "--since: 'yesterday' is neither"),
+        ((None, "2026-11-23T11:00:00"), "has no UTC offset"),
+        ((None, "2027-01-01T00:00:00+00:00"), "in the future"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_bound(*flags, now_s=now)
+    with pytest.raises(ValueError, match="not both"):
+        Bound(last_batches=1, since_ms=0)
+
+
+def produce_events(config, count: int, seed: int, topic: str | None = None) -> list:
+    records = list(sample_records(count, seed, 0.0, prefix=f"a{seed}"))
+    produce(client_config(config), topic or config.kafka.topics[0], records, transaction_size=20)
+    return records
+
+
+def event_ids(records) -> set[str]:
+    return {json.loads(value)["event_id"] for _, value in records}
+
+
+@pytest.mark.slow
+def test_an_audit_of_a_running_pipeline_checks_what_each_stream_consumed_and_leaves_the_rest_in_flight(
+    spark, pipeline_env, tmp_path, kafka_oracle
+):
+    config = pipeline_env
+    packaged = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
+    paced = tmp_path / "paced.toml"
+    paced.write_text(packaged.replace('trigger_interval = "10 seconds"', 'trigger_interval = "3 seconds"'))
+    silver_path = Lakehouse(config.lakehouse_root).table(SILVER)
+    produced = produce_events(config, 60, seed=1)
+    log = tmp_path / "pipeline.log"
+    with log.open("w") as log_file:  # a file: an unread pipe that fills up blocks the pipeline
+        pipeline = subprocess.Popen(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(paced), "run", "--layer", "all"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    producing = threading.Event()
+    more: list = []
+
+    def keep_producing() -> None:
+        seed = 100
+        while producing.is_set():
+            more.extend(produce_events(config, 20, seed))
+            seed += 1
+            time.sleep(0.3)
+
+    reports = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if spark.read.format("delta").load(silver_path).count() >= 60:
+                    break
+            except Exception:  # the pipeline process has not created silver yet
+                pass
+            time.sleep(1)
+        producing.set()
+        producer = threading.Thread(target=keep_producing, daemon=True)
+        producer.start()
+        for _ in range(2):
+            time.sleep(2)
+            reports.append(run_audit(spark, config))
+        producing.clear()
+        producer.join(timeout=60)
+    finally:
+        producing.clear()
+        pipeline.send_signal(signal.SIGTERM)
+        pipeline.wait(timeout=180)
+    assert pipeline.returncode == 0, log.read_text()[-5000:]
+
+    total = len(produced) + len(more)
+    for report in reports:
+        assert report.clean, report.as_dict()
+        counts = report.counts
+        # Not a vacuous cut: at least the first 60 records were checked through every layer.
+        assert counts["kafka_committed_records"] >= 60 and counts["silver_rows"] >= 60, report.as_dict()
+        assert report.cut["silver_read_bronze_through_version"] >= 0
+    # Records were still arriving: what the audits left out was in flight, and it was not counted as missing.
+    assert min(report.counts["kafka_committed_records"] for report in reports) < total
+
+    run_available_now(spark, config)
+    final = run_audit(spark, config)
+    assert final.clean, final.as_dict()
+    assert final.counts["kafka_committed_records"] == total == len(kafka_oracle(config, list(config.kafka.topics)))
+    silver_ids = {row.event_id for row in spark.read.format("delta").load(silver_path).select("event_id").collect()}
+    assert silver_ids == event_ids(produced + more)
+
+
+def create_compacted_topic(config, name: str) -> None:
+    settings = {
+        "cleanup.policy": "compact",
+        # Roll a segment a second after it opens and clean it at once: compaction within the test.
+        "segment.ms": "1000",
+        "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0",
+        "delete.retention.ms": "0",
+    }
+    admin = AdminClient(client_config(config))
+    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1, config=settings)])[name].result(30)
+
+
+@pytest.mark.slow
+def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_never_had_is_not(
+    spark, config, kafka_oracle
+):
+    compacted = f"{config.kafka.topics[0]}-compacted"
+    create_compacted_topic(config, compacted)
+    config = dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, topics=(compacted,)))
+    # Three versions of each of ten keys: compaction keeps the newest of each.
+    versions = [
+        (f"user-{n}".encode(), value)
+        for round_ in range(3)
+        for n, (_, value) in enumerate(sample_records(10, 40 + round_, 0.0, prefix=f"k{round_}"))
+    ]
+    produce(client_config(config), compacted, versions, transaction_size=10)
+    run_available_now(spark, config)
+    assert run_audit(spark, config).clean
+    # Offsets with no record: each transaction's commit marker.
+    markers = sorted(set(range(len(versions) + 3)) - {offset for _, _, offset in kafka_oracle(config, [compacted])})
+
+    # Appends after the segment's second roll it and let the cleaner reach the old records (their
+    # keys are new each time, so they are never compacted themselves).
+    deadline, rolls = time.monotonic() + 120, 0
+    while len(kafka_oracle(config, [compacted])) >= len(versions) + rolls and time.monotonic() < deadline:
+        time.sleep(2)
+        produce(client_config(config), compacted, [(f"roll-{rolls}".encode(), versions[0][1])], transaction_size=1)
+        rolls += 1
+    run_available_now(spark, config)
+    for _ in range(3):  # the cleaner may pass again while the audit reads: judge against a stable Kafka
+        held = kafka_oracle(config, [compacted])
+        report = run_audit(spark, config)
+        if kafka_oracle(config, [compacted]) == held:
+            break
+    removed = [offset for offset in range(markers[-1]) if offset not in markers and (compacted, 0, offset) not in held]
+    assert removed, "the log cleaner removed nothing in 120 s"
+    assert report.clean, report.as_dict()
+    assert report.counts["bronze_records_compacted_away_in_kafka"] == len(removed)
+
+    # A record where Kafka never had one (a marker's offset), under a key with no later record.
+    bronze_path = Lakehouse(config.lakehouse_root).table(BRONZE)
+    bronze = spark.read.format("delta").load(bronze_path)
+    ghost = bronze.where(F.col("offset") == removed[0]).select(
+        *[F.lit(markers[0]).cast("long").alias(c) if c == "offset" else F.col(c) for c in bronze.columns]
+    )
+    ghost.withColumn("key", F.lit(b"user-never")).write.format("delta").mode("append").save(bronze_path)
+    report = run_audit(spark, config)
+    assert report.errors["bronze_records_not_committed_in_kafka"] == 1
+    assert report.counts["bronze_records_compacted_away_in_kafka"] == len(removed)
+
+
+@pytest.mark.slow
+def test_a_bounded_audit_reads_only_its_range_and_finds_a_loss_there_but_not_outside(spark, pipeline_env, capsys):
+    config = pipeline_env
+    first = produce_events(config, 100, seed=2)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    between = datetime.now(UTC)
+    time.sleep(1.5)
+    second = produce_events(config, 40, seed=3)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    def audit(*flags: str) -> tuple[int, dict]:
+        capsys.readouterr()
+        code = main(["audit", "--json", *flags])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, whole = audit()
+    assert code == 0 and whole["counts"]["kafka_committed_records"] == 140
+    code, last = audit("--last-batches", "1")
+    assert code == 0 and last["counts"]["kafka_committed_records"] == 40, last
+    assert last["counts"]["silver_rows"] == 40 and last["counts"]["bronze_rows"] == 40
+    code, since = audit("--since", between.isoformat())
+    assert code == 0 and since["counts"]["kafka_committed_records"] == 40, since
+
+    # Lose one record of the first batch from silver.
+    silver_path = Lakehouse(config.lakehouse_root).table(SILVER)
+    spark.sql(f"ALTER TABLE delta.`{silver_path}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
+    lost = json.loads(first[0][1])["event_id"]
+    DeltaTable.forPath(spark, silver_path).delete(F.col("event_id") == lost)
+    code, last = audit("--last-batches", "1")
+    assert code == 0, last  # outside the range
+    code, whole = audit()
+    assert code == 1 and whole["errors"]["bronze_records_missing_in_silver_and_quarantine"] == 1
+    code, two = audit("--last-batches", "2")
+    assert code == 1 and two["errors"]["bronze_records_missing_in_silver_and_quarantine"] == 1
+    assert event_ids(second) <= {
+        row.event_id for row in spark.read.format("delta").load(silver_path).select("event_id").collect()
+    }
+
+    # The offset log no longer holds the batch a bound needs: refused, naming how far back it can go.
+    Path(Lakehouse(config.lakehouse_root).checkpoint("bronze"), "offsets", "0").unlink()
+    capsys.readouterr()
+    assert main(["audit", "--last-batches", "1"]) == 2
+    assert "bronze's offset log keeps batches 1 to 1" in capsys.readouterr().err
