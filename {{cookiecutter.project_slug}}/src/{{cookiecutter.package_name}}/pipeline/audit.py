@@ -69,9 +69,8 @@ class AuditReport:
 NEWEST = 1000
 
 
-def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut) -> DataFrame:
-    """Coordinates (with each topic's current id), key and value of the committed records in the cut's range."""
-    topic_ids = describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids
+def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut, topic_ids: dict[str, str]) -> DataFrame:
+    """Coordinates (each topic's current id from ``topic_ids``), key and value of the records in the cut's range."""
     assigned, starting, ending = cut.kafka_offsets()
     if not assigned:
         # Bronze has read nothing yet, or nothing lies in the bound.
@@ -122,11 +121,12 @@ def run_audit(
 
     # In layer order: a lakehouse of another contract is named by its first table that differs.
     tables = {name: table(name) for name in (BRONZE, SILVER, QUARANTINE, GOLD)}
-    in_range = cut.rows_in_range(describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids)
+    topic_ids = describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids
+    in_range = cut.rows_in_range(topic_ids)
     bronze, silver, quarantine = (in_range(tables[name]) for name in (BRONZE, SILVER, QUARANTINE))
     windows = touched_windows(in_range(table(SILVER, cut.gold_read)), config.gold_window, contract, bound.whole)
     gold_exact = cut.gold_read.exact
-    kafka = committed_kafka_records(spark, config, cut)
+    kafka = committed_kafka_records(spark, config, cut, topic_ids)
     report = reconcile(
         kafka,
         bronze,
