@@ -238,6 +238,38 @@ def test_gold_restored_to_an_older_version_is_refused_until_reset_which_is_exact
 
 
 @pytest.mark.slow
+def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_reset_which_is_exact(
+    spark, pipeline_env, capsys, tmp_path
+):
+    # Silver and quarantine are left alone by a batch with nothing for them: their Delta txn cannot
+    # tell an older copy from a table the last batches did not touch; the versions recorded can.
+    records = produce_records(pipeline_env, 40, seed=6)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    silver_path = Path(Lakehouse(pipeline_env.lakehouse_root).table(SILVER))
+    old_copy = tmp_path / "silver-backup"
+    shutil.copytree(silver_path, old_copy)
+    records += produce_records(pipeline_env, 30, seed=7)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    last_batch = newest(checkpoint(pipeline_env, "silver") / "commits")
+    shutil.rmtree(silver_path)
+    shutil.copytree(old_copy, silver_path)
+
+    refusal = refused_run(capsys)
+    assert f"sink table {SILVER} at {silver_path} is at version" in refusal
+    assert f"after batch {last_batch}, the last checkpoint" in refusal
+    assert "checkpoints reset silver" in refusal
+
+    assert main(["checkpoints", "reset", "silver", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert main(["audit"]) == 0
+    events = [json.loads(value) for _, value in records]
+    assert {row.event_id for row in load(spark, pipeline_env, SILVER).select("event_id").collect()} == {
+        event["event_id"] for event in events
+    }
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(events)
+
+
+@pytest.mark.slow
 def test_a_second_process_is_refused_while_the_first_runs_and_starts_once_it_is_killed(spark, pipeline_env, capsys):
     produce_records(pipeline_env, 20, seed=6)
     lease_file = Path(lease.lease_path(Lakehouse(pipeline_env.lakehouse_root), "bronze"))

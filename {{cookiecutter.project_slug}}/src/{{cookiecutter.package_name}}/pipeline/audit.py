@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from .audit_cut import Bound, Consumed, Cut, take_cut, touched_windows
 from .config import Config
 from .contract import EVENTS, WINDOW_START, Contract
-from .egress import configured
+from .egress import GOLD_VERSION, configured
 from .kafka_io import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
 from .progress import QUARANTINE_ALERT_SHARE
 from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
@@ -40,7 +40,6 @@ from .transforms import (
     with_topic_ids,
 )
 
-GOLD_VERSION = "gold_version"
 KAFKA_RECORD = "topic string, topic_id string, partition int, offset long, key binary, value binary"
 
 

@@ -53,7 +53,14 @@ from enum import Enum
 
 from pyspark.sql import SparkSession
 
-from .sink_progress import IDENTITY_PROPERTY, TXN_RETENTION_PROPERTY, SinkProgress, read_sink_progress
+from . import files
+from .sink_progress import (
+    IDENTITY_PROPERTY,
+    TXN_RETENTION_PROPERTY,
+    SinkProgress,
+    read_sink_progress,
+    recorded_sink_versions,
+)
 from .tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
 
 COMMAND = "{{ cookiecutter.project_slug }}"
@@ -92,6 +99,7 @@ class StreamState:
     last_planned: int | None  # newest offset-log entry: the batch Spark runs or replays next
     last_committed: int | None  # newest commit-log entry
     sinks: dict[str, SinkProgress]
+    recorded_versions: dict[str, int]  # each sink table's version after the last committed batch
 
     @property
     def last_batch(self) -> int | None:
@@ -165,6 +173,14 @@ class StreamState:
                     f"written. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
                 )
         for sink in self.sinks.values():
+            recorded = self.recorded_versions.get(sink.table)
+            if recorded is not None and (sink.version is None or sink.version < recorded):
+                return Status.TABLE_BEHIND, (
+                    f"{stream}: sink table {sink.table} at {sink.path} is at version {sink.version}, but it was "
+                    f"at version {recorded} after batch {self.last_committed}, the last {found} has committed: "
+                    f"the table is older than the checkpoint (replaced by an older copy), and resuming would "
+                    f"never write what it lost. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                )
             if sink.table not in EVERY_BATCH_SINKS or self.last_committed is None:
                 continue
             if sink.txn_batch is None or sink.txn_batch < self.last_committed:
@@ -214,13 +230,15 @@ def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Stream
     sinks = {
         name: read_sink_progress(spark, name, lakehouse.table(name), stream.name, stream_id) for name in stream.sinks
     }
+    last_committed = last_committed_batch(spark, checkpoint)
     return StreamState(
         stream=stream.name,
         checkpoint=checkpoint,
         stream_id=stream_id,
         last_planned=last_planned_batch(spark, checkpoint),
-        last_committed=last_committed_batch(spark, checkpoint),
+        last_committed=last_committed,
         sinks=sinks,
+        recorded_versions=recorded_sink_versions(spark, checkpoint, last_committed),
     )
 
 
@@ -267,7 +285,7 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
     refuses: a reset cut short never lets a stream count anything twice.
     """
     for stream in streams:
-        _delete(spark, lakehouse.checkpoint(stream.name))
+        files.delete(spark, lakehouse.checkpoint(stream.name), recursive=True)
         if not stream.rebuilt_from_source:
             continue
         for name in stream.sinks:
@@ -285,7 +303,7 @@ def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = No
     """
     path = f"{checkpoint}/metadata"
     try:
-        text = _read_text(spark, path)
+        text = files.read_text(spark, path)
     except Exception as error:  # e.g. a checksum error: the file and its .crc disagree after a cut write
         text = f"unreadable: {str(error).splitlines()[0][:200]}"
     if text is None:
@@ -311,7 +329,7 @@ def create_stream_id(spark: SparkSession, checkpoint: str, stream_id: str | None
     # Spark reads the query id from this file when it exists (StreamMetadata), so
     # writing it first lets the tables be bound before any batch runs.
     stream_id = stream_id or str(uuid.uuid4())
-    _write_text(spark, f"{checkpoint}/metadata", json.dumps({"id": stream_id}))
+    files.write_text(spark, f"{checkpoint}/metadata", json.dumps({"id": stream_id}))
     return stream_id
 
 
@@ -322,7 +340,7 @@ def last_committed_batch(spark: SparkSession, checkpoint: str) -> int | None:
 
         last_committed_batch(spark, "/data/lake/checkpoints/gold")  # 41
     """
-    batches = [int(name) for name in _list_names(spark, f"{checkpoint}/commits") if name.isdigit()]
+    batches = [int(name) for name in files.list_names(spark, f"{checkpoint}/commits") if name.isdigit()]
     return max(batches, default=None)
 
 
@@ -338,7 +356,7 @@ def last_planned_batch(spark: SparkSession, checkpoint: str) -> int | None:
 
 def planned_batches(spark: SparkSession, checkpoint: str) -> list[int]:
     """The batches the offset log still holds (Spark keeps the newest minBatchesToRetain)."""
-    return [int(name) for name in _list_names(spark, f"{checkpoint}/offsets") if name.isdigit()]
+    return [int(name) for name in files.list_names(spark, f"{checkpoint}/offsets") if name.isdigit()]
 
 
 def committed_offsets(spark: SparkSession, checkpoint: str) -> str | None:
@@ -356,43 +374,6 @@ def batch_offsets(spark: SparkSession, checkpoint: str, batch: int) -> str | Non
     """
     if not isinstance(batch, int) or batch < 0:
         raise ValueError(f"batch must be a batch id (an int >= 0), got {batch!r}")
-    text = _read_text(spark, f"{checkpoint}/offsets/{batch}")
+    text = files.read_text(spark, f"{checkpoint}/offsets/{batch}")
     # Offset log: a version line, a batch metadata line, then one line per source.
     return text.splitlines()[2] if text else None
-
-
-def _fs(spark: SparkSession, path: str):
-    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
-    return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()), jvm_path
-
-
-def _read_text(spark: SparkSession, path: str) -> str | None:
-    fs, jvm_path = _fs(spark, path)
-    if not fs.exists(jvm_path):
-        return None
-    stream = fs.open(jvm_path)
-    try:
-        return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
-
-
-def _write_text(spark: SparkSession, path: str, text: str) -> None:
-    fs, jvm_path = _fs(spark, path)
-    stream = fs.create(jvm_path, False)
-    try:
-        stream.write(bytearray(text.encode("utf-8")))
-    finally:
-        stream.close()
-
-
-def _list_names(spark: SparkSession, path: str) -> list[str]:
-    fs, jvm_path = _fs(spark, path)
-    if not fs.exists(jvm_path):
-        return []
-    return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
-
-
-def _delete(spark: SparkSession, path: str) -> None:
-    fs, jvm_path = _fs(spark, path)
-    fs.delete(jvm_path, True)

@@ -48,6 +48,7 @@ from enum import Enum
 
 from pyspark.sql import SparkSession
 
+from . import files
 from .checkpoints import CheckpointError
 from .tables import Lakehouse
 
@@ -155,7 +156,7 @@ class Lease:
             try:
                 found = _read(self._spark, self.path)
                 if found is not None and found.owner == self.record.owner:
-                    _delete(self._spark, self.path)
+                    files.delete(self._spark, self.path)
             except Exception:  # the JVM may be gone at interpreter exit: the lease then expires
                 log.warning("lease %s: not released; it expires in %.0f s", self.path, self.record.ttl_s)
 
@@ -224,7 +225,7 @@ def acquire(
         raise LeaseHeld(_held_message(stream, path, found, way_out))
     if found is not None:
         log.warning("%s: taking over a lease that is %s (%s)", stream, status.value, found.describe())
-        _delete(spark, path)
+        files.delete(spark, path)
     record = LeaseRecord(
         owner=str(uuid.uuid4()),
         stream=stream,
@@ -334,13 +335,8 @@ def _release_at_exit() -> None:
             _exit_hook_registered = True
 
 
-def _fs(spark: SparkSession, path: str):
-    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
-    return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()), jvm_path
-
-
 def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
-    fs, jvm_path = _fs(spark, path)
+    fs, jvm_path = files.filesystem(spark, path)
     for _ in range(5):
         if not fs.exists(jvm_path):
             return None
@@ -362,7 +358,7 @@ def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
 
 
 def _write(spark: SparkSession, path: str, record: LeaseRecord, overwrite: bool) -> bool:
-    fs, jvm_path = _fs(spark, path)
+    fs, jvm_path = files.filesystem(spark, path)
     try:
         stream = fs.create(jvm_path, overwrite)
     except Exception as error:
@@ -374,8 +370,3 @@ def _write(spark: SparkSession, path: str, record: LeaseRecord, overwrite: bool)
     finally:
         stream.close()
     return True
-
-
-def _delete(spark: SparkSession, path: str) -> None:
-    fs, jvm_path = _fs(spark, path)
-    fs.delete(jvm_path, False)

@@ -3,22 +3,28 @@
 Each sink commit is tagged (stream id, batch id), and Delta keeps the newest
 batch per stream id as a set transaction (txn) in the table's state. One log
 replay (DeltaLog.update, the same snapshot every Delta read uses) gives the
-table's version, its properties and its txns, without scanning data. A
+table's version, its properties and its txns (from the version's checksum when
+Delta wrote one), without scanning data. A
 RESTORE does not roll txns back, so restores are found in the table history
 (only back to the stream's last tagged commit) and judged by comparing the txn
-just before the RESTORE with the txn of the version it restored to.
+just before the RESTORE with the txn of the version it restored to. A table
+that a batch may leave alone (silver, quarantine, gold) has a txn that says
+nothing when an older copy of it is put back; the versions its tables reached
+are recorded beside the checkpoint after each batch instead.
 See checkpoints.py for how this is compared with the checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from .tables import table_has_rows
+from . import files
+from .tables import latest_snapshot, table_has_rows
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 # Delta drops (appId, version) records older than this when it is set, and a
@@ -30,6 +36,9 @@ TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
 CLOCK_SKEW_MS = 5 * 60 * 1000
 HISTORY_PAGE = 32
 HISTORY_LIMIT = 4096
+# Beside the checkpoint: after each batch, the version each sink table reached (last ten kept).
+SINK_VERSIONS = "sink_versions"
+SINK_VERSIONS_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,8 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
         raise ValueError("name, path and stream must be given")
     # Delta's own snapshot, one log replay per table: the version, the properties
     # and the set transactions (appId -> last version) in one read.
-    jvm = spark._jvm
-    none = jvm.scala.Option.empty()
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = delta_log.update(False, none, none)
+    snapshot = latest_snapshot(spark, path)
+    delta_log = snapshot.deltaLog()
     if snapshot.version() < 0:
         return SinkProgress(name, path, None, None, None, False, None, None)
     properties = snapshot.metadata().configuration()
@@ -86,6 +93,36 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
     )
 
 
+def record_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int, tables: dict[str, str]) -> None:
+    """After a batch's last commit: the version each of ``tables`` ({name: path}) has reached.
+
+    Example::
+
+        record_sink_versions(batch.sparkSession, "/data/lake/checkpoints/gold", 41, {"gold_event_windows": path})
+    """
+    if not checkpoint or batch_id < 0 or not tables:
+        raise ValueError("checkpoint, a batch id >= 0 and at least one table must be given")
+    # The snapshot this process's own commit left: no listing. A compaction committing meanwhile
+    # only makes the recorded version lower, which makes the check at start less strict, never wrong.
+    jvm = spark._jvm.org.apache.spark.sql.delta.DeltaLog
+    versions = {
+        name: jvm.forTable(spark._jsparkSession, path).unsafeVolatileSnapshot().version()
+        for name, path in tables.items()
+    }
+    folder = f"{checkpoint}/{SINK_VERSIONS}"
+    files.write_text(spark, f"{folder}/{batch_id}", json.dumps(versions), overwrite=True)
+    if batch_id >= SINK_VERSIONS_KEPT:
+        files.delete(spark, f"{folder}/{batch_id - SINK_VERSIONS_KEPT}")
+
+
+def recorded_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int | None) -> dict[str, int]:
+    """{table: version} recorded after batch ``batch_id`` ({} when none was: no batch, or an older pipeline)."""
+    if batch_id is None:
+        return {}
+    text = files.read_text(spark, f"{checkpoint}/{SINK_VERSIONS}/{batch_id}")
+    return json.loads(text) if text else {}
+
+
 def _option(value):
     return value.get() if value.isDefined() else None
 
@@ -93,12 +130,24 @@ def _option(value):
 def _txn(snapshot, app_id: str | None) -> tuple[int | None, int | None]:
     if app_id is None:
         return None, None
-    transactions = snapshot.setTransactions().iterator()
+    transactions = _set_transactions(snapshot).iterator()
     while transactions.hasNext():
         txn = transactions.next()
         if txn.appId() == app_id:
             return txn.version(), _option(txn.lastUpdated())
     return None, None
+
+
+def _set_transactions(snapshot):
+    # The version's checksum (.crc) carries the txns when Delta wrote it: read from there, as
+    # newer Delta releases do, instead of a Spark job over the whole state (1-2 s per table).
+    # With a txn retention set, only Delta's computed state leaves the expired ones out.
+    checksum = snapshot.checksumOpt()
+    if checksum.isDefined() and snapshot.metadata().configuration().get(TXN_RETENTION_PROPERTY).isEmpty():
+        recorded = checksum.get().setTransactions()
+        if recorded.isDefined():
+            return recorded.get()
+    return snapshot.setTransactions()
 
 
 def _restore_undoing(spark: SparkSession, delta_log, path: str, app_id: str, last_updated_ms: int | None):

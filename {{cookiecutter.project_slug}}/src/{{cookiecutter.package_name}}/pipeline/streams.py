@@ -30,6 +30,7 @@ from .egress import configured
 from .egress import stream as egress_stream
 from .kafka_io import earliest_offsets, spark_source_options, topic_partitions
 from .progress import QUARANTINE_ALERT_SHARE, report_quarantine
+from .sink_progress import record_sink_versions
 from .sinks import Delivery, add_to_windows, append_idempotent, insert_new_kafka_records, kafka_key_ranges
 from .source_identity import SourceGuard
 from .tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, STREAMS, Lakehouse, ensure_tables
@@ -216,6 +217,7 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
 
 def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract):
     silver_path, quarantine_path = lakehouse.table(SILVER), lakehouse.table(QUARANTINE)
+    checkpoint, sinks = lakehouse.checkpoint("silver"), {SILVER: silver_path, QUARANTINE: quarantine_path}
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
@@ -238,6 +240,8 @@ def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoin
                     insert_new_kafka_records(
                         quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
                     )
+            if prepared.stream_id is not None:
+                record_sink_versions(bronze_batch.sparkSession, checkpoint, batch_id, sinks)
         finally:
             parsed.unpersist()
 
@@ -256,17 +260,18 @@ def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
 def _start_gold(
     spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract
 ):
-    gold_path = lakehouse.table(GOLD)
+    gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
         # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
         # was a second scan per batch, and made numInputRows count the rows it read too.)
         aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
         try:
-            if aggregates.isEmpty():
-                return
-            with crash_points(silver_batch.sparkSession, "gold", batch_id):
-                add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+            if not aggregates.isEmpty():
+                with crash_points(silver_batch.sparkSession, "gold", batch_id):
+                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+            if prepared.stream_id is not None:
+                record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
         finally:
             aggregates.unpersist()
 

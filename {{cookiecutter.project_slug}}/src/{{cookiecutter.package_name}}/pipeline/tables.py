@@ -15,6 +15,7 @@ and do not depend on it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -208,6 +209,11 @@ def ensure_tables(
     """
     for name, schema in table_schemas(contract).items():
         path = lakehouse.table(name)
+        snapshot = latest_snapshot(spark, path)
+        if snapshot.version() >= 0:
+            # An existing table: createIfNotExists would leave it as it is, at the cost of a Spark job.
+            check_schema(name, path, schema, StructType.fromJson(json.loads(snapshot.schema().json())))
+            continue
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if name in PARTITION_COLUMNS:
             builder = builder.partitionedBy(*PARTITION_COLUMNS[name])
@@ -290,6 +296,16 @@ def check_schema(name: str, path: str, expected: StructType, found: StructType) 
     )
 
 
+def latest_snapshot(spark: SparkSession, path: str):
+    """Delta's snapshot of the table at ``path``, brought up to date (version -1: no table).
+
+    Its schema and properties come from the log, without the job that sums up every file.
+    """
+    jvm = spark._jvm
+    none = jvm.scala.Option.empty()
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
+
+
 def table_exists(spark: SparkSession, path: str) -> bool:
     # Not DeltaTable.isDeltaTable: it can keep answering False from a cached log
     # after another process created the table. Loading refreshes the snapshot.
@@ -301,7 +317,13 @@ def table_exists(spark: SparkSession, path: str) -> bool:
 
 
 def table_has_rows(spark: SparkSession, path: str) -> bool:
-    return table_exists(spark, path) and bool(spark.read.format("delta").load(path).take(1))
+    snapshot = latest_snapshot(spark, path)
+    if snapshot.version() < 0:
+        return False
+    checksum = snapshot.checksumOpt()
+    if checksum.isDefined() and checksum.get().numFiles() == 0:
+        return False  # a table just created: no Spark job to say so
+    return bool(spark.read.format("delta").load(path).take(1))
 
 
 def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
@@ -313,9 +335,10 @@ def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
     """
     if not path:
         raise ValueError("path must name a Delta table")
-    if not table_exists(spark, path):
+    snapshot = latest_snapshot(spark, path)
+    if snapshot.version() < 0:
         return {}
-    return DeltaTable.forPath(spark, path).detail().first()["properties"] or {}
+    return dict(spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(snapshot.metadata().configuration()))
 
 
 def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:

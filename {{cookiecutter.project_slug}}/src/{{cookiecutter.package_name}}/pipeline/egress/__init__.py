@@ -24,6 +24,8 @@ from types import ModuleType
 
 EGRESS_MODULES = ("kafka", "postgres")
 SWITCH_VAR = "PIPELINE_EGRESS"
+# The gold table version an egress row was written from: in every sink, and read by the audit.
+GOLD_VERSION = "gold_version"
 
 
 def installed_names() -> tuple[str, ...]:

@@ -13,8 +13,8 @@ from pyspark.sql import functions as F
 
 from ..contract import EVENTS, Contract
 from ..tables import GOLD, Lakehouse
+from . import GOLD_VERSION
 
-GOLD_VERSION = "gold_version"
 DELETED = "deleted"
 CHANGE_TYPE, COMMIT_VERSION = "_change_type", "_commit_version"
 # A MERGE's update writes the row before it (preimage) and after it (postimage) in the

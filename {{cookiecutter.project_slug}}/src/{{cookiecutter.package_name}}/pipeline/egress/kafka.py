@@ -290,7 +290,7 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
 
     Example::
 
-        committed_changelog(spark, config).groupBy("key", "gold_version").count().where("count > 1")
+        committed_changelog(spark, config).groupBy("key", GOLD_VERSION).count().where("count > 1")
     """
     from ..kafka_io import bootstrap_servers, spark_security_options
 
