@@ -76,7 +76,11 @@ def test_gold_table_of_another_contract_is_refused_with_exit_3_naming_the_way_ou
     assert main(["run", "--layer", "gold", "--available-now"]) == 3
     refusal = capsys.readouterr().err
     assert "refusing to start: gold_event_windows at" in refusal
-    assert "delete the gold table and the gold checkpoint" in refusal
+    assert "checkpoints reset gold` (it asks first" in refusal
+    # The way out named: gold is made again under the contract, and the pipeline and the audit go on.
+    assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert main(["audit"]) == 0
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:

@@ -2,8 +2,12 @@
 
 import dataclasses
 import json
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -21,12 +25,16 @@ from pyspark.sql.types import (
 )
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce
+from {{ cookiecutter.package_name }}.pipeline import rebuild
 from {{ cookiecutter.package_name }}.pipeline.audit import reconcile, run_audit
+from {{ cookiecutter.package_name }}.pipeline.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.sinks import add_to_windows
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 from {{ cookiecutter.package_name }}.pipeline.tables import (
+    BRONZE,
     GOLD,
     GOLD_SCHEMA,
     QUARANTINE,
@@ -37,8 +45,10 @@ from {{ cookiecutter.package_name }}.pipeline.tables import (
     TableSchemaError,
     ensure_tables,
     gold_schema,
+    latest_snapshot,
     schema_differences,
     silver_schema,
+    with_downstream,
 )
 from {{ cookiecutter.package_name }}.pipeline.transforms import window_aggregates
 
@@ -347,24 +357,13 @@ def expected_layers(records: list[tuple[bytes, bytes]]) -> tuple[dict, dict, dic
     return silver, quarantine, {key: tuple(totals) for key, totals in gold.items()}
 
 
-def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold_and_the_audit(spark, config):
-    config = dataclasses.replace(config, gold_window="1 minute")
-    lakehouse = Lakehouse(config.lakehouse_root)
-    produced = []
-    # Two rounds into the same windows: the second one updates gold rows the first inserted.
-    for seed in (1, 2):
-        records = channel_events(150, seed)
-        produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
-        produced += records
-        run_available_now(spark, config, contract=WITH_CHANNEL)
+def assert_layers_follow_the_channel_contract(spark, lakehouse: Lakehouse, produced: list) -> None:
+    """Silver, quarantine and gold against expected_layers(produced); silver's and gold's columns too."""
 
     def table(name: str):
         return spark.read.format("delta").load(lakehouse.table(name))
 
     expected_silver, expected_quarantine, expected_gold = expected_layers(produced)
-    assert "missing required field channel" in expected_quarantine.values()
-    assert "field quantity must be an integer, got STRING" in expected_quarantine.values()
-
     silver = table(SILVER)
     assert silver.columns == [
         *("event_id", "event_time", "user_id", "event_type", "channel", "quantity", "amount"),
@@ -383,6 +382,23 @@ def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold
     rows = gold.select(F.col("window_start").cast("long").alias("start"), "*").collect()
     assert {(r.start, r.event_type, r.channel): (r.event_count, r.amount_sum) for r in rows} == expected_gold
 
+
+def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold_and_the_audit(spark, config):
+    config = dataclasses.replace(config, gold_window="1 minute")
+    lakehouse = Lakehouse(config.lakehouse_root)
+    produced = []
+    # Two rounds into the same windows: the second one updates gold rows the first inserted.
+    for seed in (1, 2):
+        records = channel_events(150, seed)
+        produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
+        produced += records
+        run_available_now(spark, config, contract=WITH_CHANNEL)
+
+    assert_layers_follow_the_channel_contract(spark, lakehouse, produced)
+    expected_silver, expected_quarantine, _ = expected_layers(produced)
+    assert "missing required field channel" in expected_quarantine.values()
+    assert "field quantity must be an integer, got STRING" in expected_quarantine.values()
+
     report = run_audit(spark, config, contract=WITH_CHANNEL)
     assert report.clean, report.as_dict()
     assert report.counts["silver_rows"] == len(expected_silver)
@@ -390,3 +406,66 @@ def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold
     # The default contract does not fit these tables, and says so rather than comparing the wrong columns.
     with pytest.raises(TableSchemaError, match="silver_events"):
         run_audit(spark, config)
+
+
+@pytest.mark.slow
+def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_under_it_never_half_done(
+    spark, pipeline_env
+):
+    config = dataclasses.replace(pipeline_env, gold_window="1 minute")
+    lakehouse = Lakehouse(config.lakehouse_root)
+
+    def table(name: str, version: int | None = None):
+        reader = spark.read.format("delta")
+        return (reader if version is None else reader.option("versionAsOf", version)).load(lakehouse.table(name))
+
+    def version(name: str) -> int:
+        return latest_snapshot(spark, lakehouse.table(name)).version()
+
+    first = channel_events(150, 1)
+    produce(client_config(config), config.kafka.topics[0], first, transaction_size=50)
+    # The shipped contract knows neither channel nor quantity: every record is valid under it.
+    run_available_now(spark, config)
+    old_silver = {row.event_id for row in table(SILVER).collect()}
+    old_gold = set(table(GOLD).collect())
+    assert len(old_silver) == 150 and table(QUARANTINE).count() == 0
+    versions = {name: version(name) for name in (SILVER, GOLD)}
+
+    with pytest.raises(TableSchemaError, match=r"missing column channel STRING NOT NULL.*checkpoints reset silver"):
+        run_available_now(spark, config, contract=WITH_CHANNEL)
+
+    # A reset killed between silver's swap and quarantine's: the next start refuses, naming the reset.
+    crash = f"silver:{BETWEEN_SINK_COMMITS}:{version(BRONZE)}"
+    killed = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "checkpoints", "reset", "silver", "--yes"],
+        env={**os.environ, CRASH_POINT_VAR: crash},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    cut_short = r"silver: a reset that rebuilds .* was cut short.*checkpoints reset silver"
+    with pytest.raises(CheckpointError, match=cut_short):
+        run_available_now(spark, config, ("silver",))
+
+    silver_rebuilt, gold_rebuilt = rebuild.reset(
+        spark, lakehouse, with_downstream("silver"), config.gold_window, contract=WITH_CHANNEL
+    )
+    expected_silver, expected_quarantine, _ = expected_layers(first)
+    assert silver_rebuilt.rows == {SILVER: len(expected_silver), QUARANTINE: len(expected_quarantine)}
+    assert (silver_rebuilt.source, gold_rebuilt.source) == (BRONZE, SILVER)
+    assert_layers_follow_the_channel_contract(spark, lakehouse, first)
+    # Every version a reader could have seen, the killed reset's included: the old table whole or the new one
+    # whole, never part of either; a changed schema is swapped in by a replace, empty, then the rows.
+    new_gold = set(table(GOLD).collect())
+    for v in range(versions[SILVER], version(SILVER) + 1):
+        assert {row.event_id for row in table(SILVER, v).collect()} in (old_silver, set(expected_silver), set()), v
+    for v in range(versions[GOLD], version(GOLD) + 1):
+        assert set(table(GOLD, v).collect()) in (old_gold, new_gold, set()), v
+
+    second = channel_events(150, 2)
+    produce(client_config(config), config.kafka.topics[0], second, transaction_size=50)
+    run_available_now(spark, config, contract=WITH_CHANNEL)
+    assert_layers_follow_the_channel_contract(spark, lakehouse, first + second)
+    report = run_audit(spark, config, contract=WITH_CHANNEL)
+    assert report.clean, report.as_dict()

@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline import checkpoints, gold_build
+from {{ cookiecutter.package_name }}.pipeline import checkpoints, rebuild
 from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
 from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
@@ -137,6 +137,17 @@ def test_replayed_batch_is_a_no_op(spark, config, stream):
     assert_audit_clean(spark, config)
 
 
+def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_at_the_next_start(spark, config):
+    # What a driver killed inside its first CREATE TABLE leaves: the log directory without a commit.
+    (Path(Lakehouse(config.lakehouse_root).table(BRONZE)) / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    records = produce_sample(config, 30, seed=41)
+
+    run_available_now(spark, config)
+
+    assert table(spark, config, BRONZE).count() == len(records)
+    assert_audit_clean(spark, config)
+
+
 def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spark, config):
     produce_sample(config, 150, seed=7)
     run_available_now(spark, config)
@@ -173,9 +184,9 @@ def test_lost_gold_checkpoint_refuses_to_start_until_reset_rebuilds_gold(spark, 
         run_available_now(spark, config, ("gold",))
     assert gold_totals(spark, config) == expected_gold(records)
 
-    rebuilt = gold_build.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"), config.gold_window)
+    [rebuilt] = rebuild.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"), config.gold_window)
     # Rebuilt aside and swapped in: gold is whole right after the reset, before any stream runs.
-    assert rebuilt.rows == table(spark, config, GOLD).count() > 0
+    assert rebuilt.rows[GOLD] == table(spark, config, GOLD).count() > 0
     assert gold_totals(spark, config) == expected_gold(records)
     run_available_now(spark, config)
     assert gold_totals(spark, config) == expected_gold(records)
@@ -191,10 +202,14 @@ def test_reset_bronze_resets_everything_downstream_without_double_counting(spark
     records = produce_sample(config, 120, seed=11, malformed_ratio=0.1)
     run_available_now(spark, config)
 
-    gold_build.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"), config.gold_window)
-    assert not any(checkpoint_dir(config, stream).exists() for stream in ("bronze", "silver"))
-    # Gold was rebuilt in the reset: its new checkpoint holds only the new stream's id, no batch.
-    assert [path.name for path in checkpoint_dir(config, "gold").iterdir() if path.name[0] != "."] == ["metadata"]
+    counts = {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)}
+    rebuilt = rebuild.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"), config.gold_window)
+    assert [each.stream for each in rebuilt] == ["silver", "gold"]
+    assert not checkpoint_dir(config, "bronze").exists()
+    # Silver and gold were rebuilt in the reset: each new checkpoint holds only the new stream's id, no batch.
+    for stream in ("silver", "gold"):
+        assert [path.name for path in checkpoint_dir(config, stream).iterdir() if path.name[0] != "."] == ["metadata"]
+    assert {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)} == counts
     assert gold_totals(spark, config) == expected_gold(records)
     run_available_now(spark, config)
 

@@ -6,12 +6,12 @@ import json
 import sys
 from collections.abc import Callable
 
-from .pipeline import checkpoints, gold_build
+from .pipeline import checkpoints, rebuild
 from .pipeline.config import Config
 from .pipeline.egress import configured
 from .pipeline.egress import stream as egress_stream
 from .pipeline.lease import LeaseHeld, holding, read_lease
-from .pipeline.tables import STREAMS, Lakehouse, Stream, with_downstream
+from .pipeline.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
 
 # The CLI's exit code for "refusing": the same as a refused start.
 EXIT_REFUSED = 3
@@ -27,8 +27,8 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
     lakehouse = Lakehouse(config.lakehouse_root)
     streams = {**STREAMS, **{name: egress_stream(name) for name in configured(config)}}
     listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
-    gold = listing[gold_build.STREAM]
-    gold["refusal"] = gold["refusal"] or gold_build.window_refusal(spark, lakehouse, config.gold_window)
+    gold = listing[rebuild.STREAM]
+    gold["refusal"] = gold["refusal"] or rebuild.window_refusal(spark, lakehouse, config.gold_window)
     if as_json:
         print(json.dumps(listing, indent=2))
         return 0
@@ -101,9 +101,14 @@ def reset_checkpoints(
         streams = [STREAMS[stream]] if only else with_downstream(stream)
     names = ", ".join(each.name for each in streams)
     doomed = [lakehouse.checkpoint(each.name) for each in streams]
-    rebuilt = [lakehouse.table(table) for each in streams if each.rebuilt_from_source for table in each.sinks]
+    rebuilt = [
+        f"{lakehouse.table(table)} from {STREAMS[each].source}"
+        + (f" at {config.gold_window!r}" if each == "gold" else "")
+        for each in rebuild.rebuilt_by_reset(streams)
+        for table in STREAMS[each].sinks
+    ]
     what = f"delete the checkpoints {', '.join(doomed)}" + (
-        f" and rebuild {', '.join(rebuilt)} from silver at {config.gold_window!r} (one commit replaces its rows)"
+        f" and rebuild {', '.join(rebuilt)} under the current event contract (one commit replaces each table)"
         if rebuilt
         else ""
     )
@@ -124,14 +129,15 @@ def reset_checkpoints(
     try:
         # Held for the whole reset: no stream starts halfway through it.
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out):
-            rebuilt_gold = gold_build.reset(spark, lakehouse, streams, config.gold_window)
-    except LeaseHeld as error:
+            done = rebuild.reset(spark, lakehouse, streams, config.gold_window)
+    except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return EXIT_REFUSED
     print(f"reset {names}; the next run resumes consistently")
-    if rebuilt_gold is not None:
+    for each in done:
+        rows = ", ".join(f"{table} {count} rows" for table, count in each.rows.items())
         print(
-            f"gold rebuilt from silver version {rebuilt_gold.silver_version} at {config.gold_window!r}: "
-            f"{rebuilt_gold.rows} rows; its stream goes on from the next silver version"
+            f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}; its stream goes on "
+            f"from the next {each.source} version"
         )
     return 0

@@ -28,7 +28,7 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import checkpoints, gold_build
+from . import checkpoints, rebuild
 from .config import Config
 from .contract import Contract
 from .kafka_io import offsets_for_time, watermark_offsets
@@ -192,9 +192,11 @@ def take_cut(
     gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
     gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
     if gold_batch is None:
-        gold_read = _rebuilt_from(spark, lakehouse, gold_read)
+        gold_read = _rebuilt_from(spark, lakehouse, "gold", gold_read)
     silver_batch = _stream_batch(spark, lakehouse, "silver", versions, batches)
     silver_read = _consumed_at(spark, lakehouse.checkpoint("silver"), silver_batch)
+    if silver_batch is None:
+        silver_read = _rebuilt_from(spark, lakehouse, "silver", silver_read)
     bronze_batch = _stream_batch(spark, lakehouse, "bronze", versions, batches)
     kafka_end = _kafka_offsets(spark, lakehouse, bronze_batch)
     # A topic created again, or emptied by retention, may hold less than the checkpoint read.
@@ -235,10 +237,11 @@ def _consumed_at(spark: SparkSession, checkpoint: str, batch: int | None) -> Con
     return delta_consumed(None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch))
 
 
-def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, otherwise: Consumed) -> Consumed:
-    # A gold rebuilt by a reset holds silver through the version it was built from, before its stream's first batch.
-    stream_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint(gold_build.STREAM), gold_build.STREAM)
-    start = None if stream_id is None else gold_build.starting_version(spark, lakehouse, stream_id)
+def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: str, otherwise: Consumed) -> Consumed:
+    # Tables rebuilt by a reset hold their source through the version they were built from, before the stream's
+    # first batch.
+    stream_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint(stream), stream)
+    start = None if stream_id is None else rebuild.starting_version(spark, lakehouse, stream, stream_id)
     return otherwise if start is None else Consumed(start - 1)
 
 

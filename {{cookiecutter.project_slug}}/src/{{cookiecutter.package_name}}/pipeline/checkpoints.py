@@ -89,6 +89,7 @@ class Status(Enum):
     TABLE_BEHIND = "table behind"
     TABLE_RESTORED = "table restored"
     TXN_RETENTION_SET = "txn retention set"
+    REBUILD_CUT_SHORT = "rebuild cut short"
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,13 @@ class StreamState:
     def _diagnosis(self) -> tuple[Status, str | None]:
         stream, found = self.stream, f"checkpoint {self.checkpoint}"
         progress = f"last planned batch {self.last_planned}, last committed batch {self.last_committed}"
+        for sink in self.sinks.values():
+            if sink.rebuilding is not None:
+                return Status.REBUILD_CUT_SHORT, (
+                    f"{stream}: a reset that rebuilds {', '.join(self.sinks)} was cut short ({sink.table} at "
+                    f"{sink.path} still carries the mark of rebuild {sink.rebuilding}): its tables may hold "
+                    f"rows of the rebuild and of before it. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                )
         if self.stream_id is None:
             return (Status.LOST if any(self.has_rows.values()) else Status.NEW), None
         recorded = self.recorded_ids
@@ -210,9 +218,10 @@ def reset_command(stream: str) -> str:
 
 def _rebuilds(stream: str) -> str:
     return {
-        "bronze": "bronze resumes after the Kafka offsets it already holds, silver re-reads bronze keeping "
-        "each record once, gold is rebuilt from silver",
-        "silver": "silver re-reads bronze keeping each record once, gold is rebuilt from silver",
+        "bronze": "bronze resumes after the Kafka offsets it already holds; silver and quarantine are rebuilt "
+        "from bronze and gold from silver, each beside its table and swapped in by one commit",
+        "silver": "silver and quarantine are rebuilt from bronze and gold from silver, each beside its table "
+        "and swapped in by one commit",
         "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
     }.get(stream, "the stream and everything downstream start over consistently")
 
@@ -279,7 +288,7 @@ def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepar
 
 
 def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> None:
-    """Forget the checkpoints of ``streams``; aggregate sinks (gold) keep their rows for ``gold_build.rebuild``.
+    """Forget the checkpoints of ``streams``; the tables keep their rows for ``rebuild.rebuild``.
 
     Until gold is rebuilt, gold has rows and no checkpoint, which every start
     refuses: a reset cut short never lets a stream count anything twice.

@@ -13,7 +13,9 @@ Points, inside a stream's micro-batch:
 
 and, inside a sink's own write (reached through ``reach``):
 * between_sink_commits  silver has committed the batch, quarantine has not (silver's
-                      two tables are two Delta commits);
+                      two tables are two Delta commits); in a reset's rebuild
+                      (rebuild.py, the "batch id" is the source version it reads),
+                      silver has been swapped in, quarantine not;
 * after_staging       executors have staged the batch's rows in the database, the
                       driver's transaction has not begun (PostgreSQL, large batches);
 * after_pre_commit    the pre-commit is done, the commit is not: records produced in

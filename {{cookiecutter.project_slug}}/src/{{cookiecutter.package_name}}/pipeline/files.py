@@ -43,6 +43,12 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
     return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
 
 
+def holds_files(spark: SparkSession, path: str) -> bool:
+    """Whether the directory ``path`` or any directory below it holds a file (False when there is none)."""
+    fs, jvm_path = filesystem(spark, path)
+    return fs.exists(jvm_path) and fs.listFiles(jvm_path, True).hasNext()
+
+
 def delete(spark: SparkSession, path: str, recursive: bool = False) -> None:
     """Delete the file, or the directory with ``recursive``; nothing there is not an error."""
     fs, jvm_path = filesystem(spark, path)

@@ -27,6 +27,8 @@ from . import files
 from .tables import latest_snapshot, table_has_rows
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
+# Set on a stream's tables while a reset rebuilds them (rebuild.py): a start that finds it refuses.
+REBUILDING_PROPERTY = "lakehouse.stream.%s.rebuilding"
 # Delta drops (appId, version) records older than this when it is set, and a
 # replay older than that is written again: idempotence silently ends.
 TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
@@ -61,6 +63,7 @@ class SinkProgress:
     has_rows: bool | None  # only looked at when the checkpoint has no id
     txn_retention: str | None
     undone_by: Restore | None
+    rebuilding: str | None = None  # the stream id of a rebuild that did not finish
 
 
 def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, stream_id: str | None) -> SinkProgress:
@@ -90,6 +93,7 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
         has_rows=table_has_rows(spark, path) if stream_id is None else None,
         txn_retention=_option(properties.get(TXN_RETENTION_PROPERTY)),
         undone_by=None if txn is None else _restore_undoing(spark, delta_log, path, stream_id, last_updated_ms),
+        rebuilding=_option(properties.get(REBUILDING_PROPERTY % stream)),
     )
 
 

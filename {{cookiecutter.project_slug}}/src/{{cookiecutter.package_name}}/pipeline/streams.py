@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from . import checkpoints, gold_build, lease
+from . import checkpoints, lease, rebuild
 from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
 from .crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
@@ -95,8 +95,8 @@ def start_stream(
     prepared = checkpoints.prepare(spark, lakehouse, stream)
     if layer == "bronze":
         check_subscription(spark, config, lakehouse)
-    if layer == gold_build.STREAM:
-        gold_build.check_window(spark, lakehouse, config.gold_window)
+    if layer == rebuild.STREAM:
+        rebuild.check_window(spark, lakehouse, config.gold_window)
     if delivery is Delivery.AT_LEAST_ONCE:
         prepared = dataclasses.replace(prepared, stream_id=None)
     starters: dict[str, Callable[[], DataStreamWriter]] = {
@@ -245,8 +245,7 @@ def _start_silver(spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoin
         finally:
             parsed.unpersist()
 
-    bronze = spark.readStream.format("delta").load(lakehouse.table(BRONZE))
-    return bronze.writeStream.foreachBatch(write_batch)
+    return _from_table(spark, lakehouse, "silver", prepared).writeStream.foreachBatch(write_batch)
 
 
 def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
@@ -275,9 +274,16 @@ def _start_gold(
         finally:
             aggregates.unpersist()
 
-    silver = spark.readStream.format("delta")
-    # Set by a rebuild for its new stream only: silver up to there is in gold already.
-    start = None if prepared.stream_id is None else gold_build.starting_version(spark, lakehouse, prepared.stream_id)
+    return _from_table(spark, lakehouse, "gold", prepared).writeStream.foreachBatch(write_batch)
+
+
+def _from_table(spark: SparkSession, lakehouse: Lakehouse, stream: str, prepared: checkpoints.Prepared) -> DataFrame:
+    """The Delta stream of the table ``stream`` reads; after a rebuild, from the version after the one it read."""
+    source = spark.readStream.format("delta")
+    # Set by a rebuild for its new stream only: the source up to there is in the stream's tables already.
+    start = None
+    if prepared.stream_id is not None:
+        start = rebuild.starting_version(spark, lakehouse, stream, prepared.stream_id)
     if start is not None:
-        silver = silver.option("startingVersion", start)
-    return silver.load(lakehouse.table(SILVER)).writeStream.foreachBatch(write_batch)
+        source = source.option("startingVersion", start)
+    return source.load(lakehouse.table(STREAMS[stream].source))

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from . import files
 from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 
 BRONZE = "bronze_events"
@@ -191,6 +192,10 @@ class Lakehouse:
     def checkpoint(self, stream: str) -> str:
         return f"{self.root}/checkpoints/{stream}"
 
+    def aside(self, name: str) -> str:
+        """Where a reset builds table ``name`` before it replaces the table (rebuild.py)."""
+        return f"{self.root}/rebuild/{name}"
+
 
 class TableSchemaError(RuntimeError):
     """A table exists with another schema than the event contract gives it."""
@@ -227,9 +232,15 @@ def ensure_tables(
         except Exception:
             # Streams of one pipeline may start in separate processes at once: if
             # another one created the table first, there is nothing left to do.
-            if not table_exists(spark, path):
+            if table_exists(spark, path):
+                found = spark.read.format("delta").load(path).schema
+            elif files.holds_files(spark, f"{path}/_delta_log"):
                 raise
-            found = spark.read.format("delta").load(path).schema
+            else:
+                # A creation killed before its first commit leaves an empty _delta_log, which Delta
+                # then takes for a table that is not there: it never held anything.
+                files.delete(spark, f"{path}/_delta_log", recursive=True)
+                found = builder.execute().toDF().schema
         check_schema(name, path, schema, found)
     if change_feed:
         _enable_change_feed(spark, lakehouse.table(GOLD))
@@ -284,15 +295,13 @@ def check_schema(name: str, path: str, expected: StructType, found: StructType) 
         # Not made from the contract: a bronze table of another layout is another pipeline's.
         raise TableSchemaError(f"{name} at {path} has another layout than this pipeline's: {'; '.join(differences)}")
     if name == GOLD:
-        rebuild = "delete the gold table and the gold checkpoint, and run again: gold is rebuilt from silver"
+        stream, rebuilt = "gold", "gold is rebuilt from silver"
     else:
-        rebuild = (
-            "delete the silver, quarantine and gold tables and the silver and gold checkpoints, and run "
-            "again: they are rebuilt from bronze"
-        )
+        stream, rebuilt = "silver", "silver and quarantine are rebuilt from bronze and gold from silver"
     raise TableSchemaError(
-        f"{name} at {path} was made for another event contract: {'; '.join(differences)}. "
-        f"To apply the contract, stop the pipeline, {rebuild}."
+        f"{name} at {path} was made for another event contract: {'; '.join(differences)}. Way out, to apply "
+        f"the contract: `{{ cookiecutter.project_slug }} checkpoints reset {stream}` (it asks first; add `--yes` "
+        f"when not on a terminal): {rebuilt} under it, each beside its table and swapped in by one commit."
     )
 
 
