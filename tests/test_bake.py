@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tomllib
@@ -271,6 +272,23 @@ def test_code_in_a_validated_answer_cannot_run_in_the_hook(cookies, capfd, tmp_p
     assert not marker.exists()
 
 
+def run_logged(command: list[str], cwd: Path, env: dict, log: Path, timeout_s: float) -> tuple[int | None, str]:
+    """Run ``command`` with its output in ``log``; (exit code, output), exit code None when it timed out.
+
+    It runs in a session of its own: on a time-out the whole tree (make, pytest, their JVMs) is killed,
+    and what it printed until then is still there to read.
+    """
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+    return code, log.read_text(errors="replace")
+
+
 @pytest.mark.slow
 def test_baked_default_project_passes_its_whole_suite_and_runs_its_demo(tmp_path):
     """The slow tier: a default bake installs itself, runs `make test-all`, then `make demo`."""
@@ -281,21 +299,19 @@ def test_baked_default_project_passes_its_whole_suite_and_runs_its_demo(tmp_path
     project = tmp_path / "clickstream-lakehouse"
     env = {key: value for key, value in os.environ.items() if key not in {"VIRTUAL_ENV", "PYTHONPATH"}}
 
-    tests = subprocess.run(["make", "test-all"], check=False, cwd=project, env=env, capture_output=True, text=True, timeout=3600)
-    print(tests.stdout[-20000:], tests.stderr[-5000:])
-    assert tests.returncode == 0
+    code, tests = run_logged(["make", "test-all"], project, env, tmp_path / "test-all.log", timeout_s=4200)
     # pytest's closing line; make may print more after it.
-    summary = re.findall(r"^=+ (.+) in [\d.]+s", tests.stdout, re.MULTILINE)
+    summary = re.findall(r"^=+ (.+) in [\d.]+s", tests, re.MULTILINE)
+    assert code == 0, f"make test-all {'timed out' if code is None else f'exited {code}'}:\n{tests[-30000:]}"
     assert summary and re.search(r"\d+ passed", summary[-1]), "the generated suite ran no tests"
     assert " failed" not in summary[-1] and " skipped" not in summary[-1], summary[-1]
 
-    demo = subprocess.run(["make", "demo"], check=False, cwd=project, env=env, capture_output=True, text=True, timeout=900)
-    print(demo.stdout[-20000:], demo.stderr[-5000:])
-    assert demo.returncode == 0
-    assert "gold_event_windows:" in demo.stdout
+    code, demo = run_logged(["make", "demo"], project, env, tmp_path / "demo.log", timeout_s=900)
+    assert code == 0, f"make demo {'timed out' if code is None else f'exited {code}'}:\n{demo[-20000:]}"
+    assert "gold_event_windows:" in demo
     # The default bake has both egresses: each sink is printed and compared with gold by the audit.
-    gold_rows = int(re.search(r"^gold_event_windows: (\d+) rows", demo.stdout, re.MULTILINE).group(1))
+    gold_rows = int(re.search(r"^gold_event_windows: (\d+) rows", demo, re.MULTILINE).group(1))
     for stream in ("kafka_egress", "postgres_egress"):
-        assert re.search(rf"^{stream} \(.*\): {gold_rows} rows", demo.stdout, re.MULTILINE), stream
-        assert re.search(rf"^  {stream}_rows_not_matching_gold +0$", demo.stdout, re.MULTILINE), stream
-    assert "audit verdict: clean" in demo.stdout
+        assert re.search(rf"^{stream} \(.*\): {gold_rows} rows", demo, re.MULTILINE), stream
+        assert re.search(rf"^  {stream}_rows_not_matching_gold +0$", demo, re.MULTILINE), stream
+    assert "audit verdict: clean" in demo

@@ -29,10 +29,6 @@ def pytest_collection_modifyitems(items):
 def spark():
     session = build_spark("tests", master="local[2]", shuffle_partitions=2, ui_enabled=False)
     session.sparkContext.setLogLevel("ERROR")
-    # The pipeline processes the tests start live for seconds, not minutes: with the quick JIT tier
-    # alone their drivers start about a quarter faster. Set after this session's own JVM started,
-    # which runs the whole session's audits and reads and wants the optimizing tier.
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-java-options=-XX:TieredStopAtLevel=1 pyspark-shell")
     yield session
     session.stop()
 

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
@@ -417,18 +417,34 @@ def test_a_topic_added_late_or_removed_is_refused_until_bronze_alone_is_reset_wh
 
 
 def recreate_topic(config, topic: str, partitions: int = 2) -> None:
-    """Delete ``topic`` and create it again under the same name (Kafka gives it a new topic id)."""
+    """Delete ``topic`` and create it again under the same name (Kafka gives it a new topic id).
+
+    Returns once the broker answers with the new id: the controller has the new topic before the
+    broker's metadata does, and until then the broker still describes the old one.
+    """
     admin = AdminClient(client_config(config))
+    old_id = topic_id(admin, topic)
     admin.delete_topics([topic])[topic].result(timeout=30)
     deadline = time.monotonic() + 60
     while True:
         try:
             admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
-            return
+            break
         except Exception:  # noqa: BLE001 - the deletion is still being completed; retried until the deadline
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+    while topic_id(admin, topic) in (None, old_id):
+        assert time.monotonic() < deadline, f"the broker still describes {topic} with its old id {old_id}"
+        time.sleep(0.2)
+
+
+def topic_id(admin: AdminClient, topic: str) -> str | None:
+    """Kafka's id of ``topic`` as the broker describes it now; None while it has none."""
+    try:
+        return str(admin.describe_topics(TopicCollection([topic]), request_timeout=30)[topic].result().topic_id)
+    except KafkaException:
+        return None
 
 
 def test_a_topic_created_again_under_bronze_is_refused_at_the_next_batch_and_at_a_resuming_start(spark, config):

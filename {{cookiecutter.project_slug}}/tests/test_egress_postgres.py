@@ -44,6 +44,8 @@ from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
 EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 KEY, VALUES = list(EVENTS.gold_key), list(EVENTS.gold_values)
 TIMESTAMPS = {"window_start", "window_end"}
+# One worker runs this file (make test uses two): its PostgreSQL server starts once.
+pytestmark = pytest.mark.xdist_group("postgres")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from {{ cookiecutter.package_name }}.devtools import kafka_local, kafka_secure
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 
-pytestmark = pytest.mark.kafka
+# One worker runs this file (make test uses two): its module broker starts once.
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("kafka_local")]
 
 
 @pytest.fixture(scope="module")

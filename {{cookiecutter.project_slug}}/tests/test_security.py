@@ -31,7 +31,8 @@ from {{ cookiecutter.package_name }}.pipeline.kafka_io import check_connection, 
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, QUARANTINE, SILVER, Lakehouse
 
-pytestmark = pytest.mark.kafka
+# One worker runs this file (make test uses two): its secure broker starts once.
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("security")]
 
 # Every variable a test may set; each test starts without any of them.
 KAFKA_VARS = (
