@@ -6,6 +6,7 @@ process started), checks the refusal names what it found and the way out, then
 takes that way out and checks the tables against what was produced.
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -29,6 +30,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline import checkpoints, lease
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
@@ -496,3 +498,39 @@ def test_a_topic_deleted_and_created_again_is_refused_until_bronze_alone_is_rese
     assert reused, "the new topic's offsets never met the old ones: the scenario did not happen"
     assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
     assert main(["audit"]) == 0
+
+
+@pytest.mark.slow
+def test_another_cluster_answering_is_refused_until_bronze_alone_is_reset_then_both_clusters_records_stay(
+    spark, pipeline_env, capsys, monkeypatch, tmp_path
+):
+    topic = pipeline_env.kafka.topics[0]
+    old = produce_records(pipeline_env, 30, seed=14)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    # kafka.bootstrap_servers now reaches another cluster, with a topic of the same name whose offsets
+    # start again at 0: the checkpoint's offsets would name other records there, or skip them.
+    other = LocalKafka(tmp_path / "other-cluster")
+    try:
+        moved = dataclasses.replace(
+            pipeline_env, kafka=dataclasses.replace(pipeline_env.kafka, bootstrap_servers=other.start())
+        )
+        admin = AdminClient(client_config(moved))
+        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
+        new = produce_records(moved, 40, seed=15)
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", moved.kafka.bootstrap_servers)
+
+        refusal = refused_run(capsys)
+        assert "another Kafka cluster answers (cluster id " in refusal
+        assert "checkpoints reset bronze --only" in refusal
+        assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
+        assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+        # The oracle is what was produced to each cluster: every event once, the first cluster's kept.
+        produced = [json.loads(value)["event_id"] for _, value in old + new]
+        silver = load(spark, pipeline_env, SILVER).select("event_id").collect()
+        assert sorted(row.event_id for row in silver) == sorted(produced)
+        assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
+        assert main(["audit"]) == 0
+    finally:
+        other.stop()
