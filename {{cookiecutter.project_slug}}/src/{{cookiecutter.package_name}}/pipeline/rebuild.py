@@ -51,6 +51,7 @@ from .tables import (
     read_properties,
     schema_differences,
     set_properties,
+    snapshot_schema,
     table_properties,
     table_schemas,
     unset_property,
@@ -169,7 +170,7 @@ def rebuilt_by_reset(streams: list[Stream]) -> list[str]:
 def rebuild(
     spark: SparkSession, lakehouse: Lakehouse, stream: str, gold_window: str, contract: Contract = EVENTS
 ) -> Rebuilt:
-    """Replace the tables of ``stream`` (silver or gold), one commit each, by its source transformed at one version.
+    """Replace the tables of ``stream`` (silver or gold) by its source transformed at one version (see ``_swap_in``).
 
     The stream's checkpoint must be gone (``checkpoints.reset``): the rebuild makes the new one.
 
@@ -190,7 +191,7 @@ def rebuild(
     source_version = snapshot.version() if snapshot.version() >= 0 else None
     if source_version is not None:
         # Silver of another contract cannot be aggregated by this one: it is rebuilt first.
-        check_schema(source, source_path, schemas[source], spark.read.format("delta").load(source_path).schema)
+        check_schema(source, source_path, schemas[source], snapshot_schema(snapshot))
     stream_id = str(uuid.uuid4())
     marker = {REBUILDING_PROPERTY % stream: stream_id}
     for name in sinks:
@@ -255,8 +256,7 @@ def _swap_in(
     if rows is not None:
         rows.select(*schema.fieldNames()).write.format("delta").mode("append").save(aside)
     built = spark.read.format("delta").load(aside)
-    snapshot = latest_snapshot(spark, path)
-    if schema_differences(schema, StructType.fromJson(json.loads(snapshot.schema().json()))):
+    if schema_differences(schema, snapshot_schema(latest_snapshot(spark, path))):
         replaced = DeltaTable.replace(spark).location(path).addColumns(schema)
         replaced = replaced.partitionedBy(*PARTITION_COLUMNS.get(name, ()))
         # The stream ids, the rebuild's mark and the change feed stay; the statistics follow the new columns;

@@ -217,7 +217,7 @@ def ensure_tables(
         snapshot = latest_snapshot(spark, path)
         if snapshot.version() >= 0:
             # An existing table: createIfNotExists would leave it as it is, at the cost of a Spark job.
-            check_schema(name, path, schema, StructType.fromJson(json.loads(snapshot.schema().json())))
+            check_schema(name, path, schema, snapshot_schema(snapshot))
             continue
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if name in PARTITION_COLUMNS:
@@ -313,6 +313,11 @@ def latest_snapshot(spark: SparkSession, path: str):
     jvm = spark._jvm
     none = jvm.scala.Option.empty()
     return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
+
+
+def snapshot_schema(snapshot) -> StructType:
+    """The schema of a ``latest_snapshot``, nullability included, read from the log (no Spark job)."""
+    return StructType.fromJson(json.loads(snapshot.schema().json()))
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
