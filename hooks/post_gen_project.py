@@ -21,6 +21,7 @@ PARTS = {
     "postgres_egress": (
         "src/{package}/pipeline/egress/postgres.py",
         "src/{package}/devtools/postgres_local.py",
+        "src/{package}/cli/postgres_local.py",
         "tests/test_egress_postgres.py",
         "tests/test_postgres_local.py",
     ),

@@ -26,6 +26,7 @@ KAFKA_EGRESS = (f"{PACKAGE_DIR}/pipeline/egress/kafka.py", "tests/test_egress_ka
 POSTGRES_EGRESS = (
     f"{PACKAGE_DIR}/pipeline/egress/postgres.py",
     f"{PACKAGE_DIR}/devtools/postgres_local.py",
+    f"{PACKAGE_DIR}/cli/postgres_local.py",
     "tests/test_egress_postgres.py",
     "tests/test_postgres_local.py",
 )

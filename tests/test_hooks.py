@@ -126,6 +126,7 @@ KAFKA_EGRESS = {f"{PKG}/pipeline/egress/kafka.py", "tests/test_egress_kafka.py"}
 POSTGRES_EGRESS = {
     f"{PKG}/pipeline/egress/postgres.py",
     f"{PKG}/devtools/postgres_local.py",
+    f"{PKG}/cli/postgres_local.py",
     "tests/test_egress_postgres.py",
     "tests/test_postgres_local.py",
 }

@@ -8,7 +8,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
 

@@ -20,15 +20,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }}.audit_command import parse_bound
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
-from {{ cookiecutter.package_name }}.pipeline.audit_cut import Bound, Consumed, delta_consumed
+from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, delta_consumed
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, SILVER, Lakehouse
 
 
 def delta_offset(version: int, index: int, starting: bool = False) -> str:

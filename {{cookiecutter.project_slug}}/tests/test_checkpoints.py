@@ -32,11 +32,11 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline import checkpoints, lease
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.source_identity import SourceGuard, recorded_sources
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, SILVER, Lakehouse, ensure_tables
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, SILVER, Lakehouse, ensure_tables
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_sources
+from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
 
 
 def produce_records(config, count: int, seed: int) -> list:

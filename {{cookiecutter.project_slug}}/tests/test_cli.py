@@ -12,7 +12,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
 
 
 def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):

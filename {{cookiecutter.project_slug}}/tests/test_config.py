@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.cli import resolve_local_bootstrap
+from {{ cookiecutter.package_name }}.cli.local_servers import resolve_local_bootstrap
 from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config, spark_source_options
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
 

@@ -25,15 +25,9 @@ from pyspark.sql.types import (
 )
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce
-from {{ cookiecutter.package_name }}.pipeline import rebuild
-from {{ cookiecutter.package_name }}.pipeline.audit import reconcile, run_audit
-from {{ cookiecutter.package_name }}.pipeline.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
-from {{ cookiecutter.package_name }}.pipeline.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.sinks import add_to_windows
-from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
-from {{ cookiecutter.package_name }}.pipeline.tables import (
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
     GOLD,
     GOLD_SCHEMA,
@@ -50,7 +44,11 @@ from {{ cookiecutter.package_name }}.pipeline.tables import (
     silver_schema,
     with_downstream,
 )
-from {{ cookiecutter.package_name }}.pipeline.transforms import window_aggregates
+from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_aggregates
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR
+from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
 
 EVENT_ID = Field("event_id", Kind.STRING)
 EVENT_TIME = Field("event_time", Kind.TIMESTAMP)
@@ -448,7 +446,7 @@ def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_un
     with pytest.raises(CheckpointError, match=cut_short):
         run_available_now(spark, config, ("silver",))
 
-    silver_rebuilt, gold_rebuilt = rebuild.reset(
+    silver_rebuilt, gold_rebuilt = reset(
         spark, lakehouse, with_downstream("silver"), config.gold_window, contract=WITH_CHANNEL
     )
     expected_silver, expected_quarantine, _ = expected_layers(first)

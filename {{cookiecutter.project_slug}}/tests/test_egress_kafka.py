@@ -32,11 +32,11 @@ from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import KafkaEgress, KafkaEgressSettings
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
-from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, GOLD_SCHEMA, Lakehouse
 
 EGRESS = "kafka_egress"
 LAYERS = ("bronze", "silver", "gold")
@@ -93,7 +93,11 @@ def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict
                 continue
             if message.error() is not None:
                 if message.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(message.partition())
+                    # read_committed reaches "EOF" at the last stable offset, which stays below the end
+                    # until the broker has written the last transaction's markers: done only once past them.
+                    [position] = consumer.position([TopicPartition(topic, message.partition())])
+                    if position.offset >= ends[message.partition()][1]:
+                        pending.discard(message.partition())
                     continue
                 raise KafkaException(message.error())
             key, value = message.key(), message.value()

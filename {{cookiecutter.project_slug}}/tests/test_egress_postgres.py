@@ -18,15 +18,9 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline import checkpoints
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
-from {{ cookiecutter.package_name }}.pipeline.crash_points import (
-    AFTER_PRE_COMMIT,
-    AFTER_SINK_COMMIT,
-    AFTER_STAGING,
-    CRASH_POINT_VAR,
-)
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     STREAM,
     PostgresEgress,
@@ -37,9 +31,15 @@ from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     read_back,
     start,
 )
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import (
+    AFTER_PRE_COMMIT,
+    AFTER_SINK_COMMIT,
+    AFTER_STAGING,
+    CRASH_POINT_VAR,
+)
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
-from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, Lakehouse
 
 EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 KEY, VALUES = list(EVENTS.gold_key), list(EVENTS.gold_values)

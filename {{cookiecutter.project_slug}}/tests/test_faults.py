@@ -16,15 +16,15 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import AnalysisException
 
+from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
 from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
-from {{ cookiecutter.package_name }}.egress_commands import private_egress_servers
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
-from {{ cookiecutter.package_name }}.pipeline.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
 
 # --- deterministic crash points -------------------------------------------------------------
 
@@ -173,7 +173,7 @@ def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, t
     # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
     packaged = load_config("local", environ={"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers})
     with ExitStack() as servers:
-        run_config = private_egress_servers(dataclasses.replace(config, egress=packaged.egress), tmp_path, servers)
+        run_config = private_servers(dataclasses.replace(config, egress=packaged.egress), tmp_path, servers)
         report = run_chaos(run_config, kills=10, seed=7, records=1500)
 
     print(report.table())

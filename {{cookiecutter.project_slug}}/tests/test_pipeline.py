@@ -12,11 +12,11 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline import checkpoints, rebuild
-from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import client_config
-from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints
+from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
 
 EVENT_START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)
@@ -184,7 +184,7 @@ def test_lost_gold_checkpoint_refuses_to_start_until_reset_rebuilds_gold(spark, 
         run_available_now(spark, config, ("gold",))
     assert gold_totals(spark, config) == expected_gold(records)
 
-    [rebuilt] = rebuild.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"), config.gold_window)
+    [rebuilt] = reset(spark, Lakehouse(config.lakehouse_root), with_downstream("gold"), config.gold_window)
     # Rebuilt aside and swapped in: gold is whole right after the reset, before any stream runs.
     assert rebuilt.rows[GOLD] == table(spark, config, GOLD).count() > 0
     assert gold_totals(spark, config) == expected_gold(records)
@@ -203,7 +203,7 @@ def test_reset_bronze_resets_everything_downstream_without_double_counting(spark
     run_available_now(spark, config)
 
     counts = {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)}
-    rebuilt = rebuild.reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"), config.gold_window)
+    rebuilt = reset(spark, Lakehouse(config.lakehouse_root), with_downstream("bronze"), config.gold_window)
     assert [each.stream for each in rebuilt] == ["silver", "gold"]
     assert not checkpoint_dir(config, "bronze").exists()
     # Silver and gold were rebuilt in the reset: each new checkpoint holds only the new stream's id, no batch.

@@ -25,11 +25,11 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.audit import run_audit
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
-from {{ cookiecutter.package_name }}.pipeline.kafka_io import check_connection, client_config
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import check_connection, client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
-from {{ cookiecutter.package_name }}.pipeline.tables import GOLD, QUARANTINE, SILVER, Lakehouse
 
 # One worker runs this file (make test uses two): its secure broker starts once.
 pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("security")]

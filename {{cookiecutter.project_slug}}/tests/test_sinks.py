@@ -12,13 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType
 
-from {{ cookiecutter.package_name }}.pipeline.sinks import (
-    add_to_windows,
-    insert_new_kafka_records,
-    kafka_key_ranges,
-    window_ranges,
-)
-from {{ cookiecutter.package_name }}.pipeline.tables import (
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     GOLD,
     GOLD_SCHEMA,
     QUARANTINE,
@@ -26,6 +20,8 @@ from {{ cookiecutter.package_name }}.pipeline.tables import (
     Lakehouse,
     ensure_tables,
 )
+from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_ranges
+from {{ cookiecutter.package_name }}.pipeline.silver import insert_new_kafka_records, kafka_key_ranges
 
 T0 = datetime(2026, 1, 1, 12, 0)
 MINUTE = timedelta(minutes=1)

@@ -17,16 +17,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from {{ cookiecutter.package_name }}.pipeline.bronze import bronze_records, with_topic_ids
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
-from {{ cookiecutter.package_name }}.pipeline.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
-from {{ cookiecutter.package_name }}.pipeline.transforms import (
-    bronze_records,
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
+from {{ cookiecutter.package_name }}.pipeline.gold import window_aggregates
+from {{ cookiecutter.package_name }}.pipeline.silver import (
     first_per_kafka_record,
     parse_events,
     quarantined_records,
     valid_events,
-    window_aggregates,
-    with_topic_ids,
 )
 
 INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..pipeline.sinks import Delivery
+from ..pipeline.delta.writes import Delivery
 from .harness import Bench, rows_and_ms, say, summary
 from .report import Target
 

@@ -16,11 +16,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+from ..pipeline.bronze import bronze_records
 from ..pipeline.config import Config
-from ..pipeline.kafka_io import spark_source_options
+from ..pipeline.delta.tables import BRONZE, BRONZE_SCHEMA, LAYERS, SILVER, Lakehouse, ensure_tables
+from ..pipeline.kafka.clients import spark_source_options
 from ..pipeline.streams import start_stream
-from ..pipeline.tables import BRONZE, BRONZE_SCHEMA, LAYERS, SILVER, Lakehouse, ensure_tables
-from ..pipeline.transforms import bronze_records
 from .harness import Bench, ProgressLog, check_running, input_rows, median_durations, say, stop_all
 from .load import produce_one_transaction
 from .report import Target

@@ -19,8 +19,8 @@ from pathlib import Path
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import duration_seconds
 from ..pipeline.contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START
-from ..pipeline.sinks import add_to_windows
-from ..pipeline.tables import GOLD, gold_schema
+from ..pipeline.delta.tables import GOLD, gold_schema
+from ..pipeline.gold import add_to_windows
 from .harness import Bench, build_table, last_commit, say
 from .report import Target
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from ..pipeline.config import LOCAL_BOOTSTRAP, Config, duration_seconds
-from ..pipeline.sinks import Delivery
-from ..pipeline.tables import LAYERS, Lakehouse, ensure_tables
+from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
+from ..pipeline.delta.writes import Delivery
 from .report import Metric, Target
 from .sizes import Sizes
 
@@ -224,7 +224,7 @@ class Bench:
     def _delete_topics(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        from ..pipeline.kafka_io import client_config
+        from ..pipeline.kafka.clients import client_config
 
         try:
             admin = AdminClient(client_config(self.phase_config(self.work, self.topics[0])))
@@ -253,7 +253,7 @@ class Bench:
     def create_topic(self, name: str) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        from ..pipeline.kafka_io import client_config
+        from ..pipeline.kafka.clients import client_config
 
         admin = AdminClient(client_config(self.phase_config(self.work, name)))
         admin.create_topics([NewTopic(name, num_partitions=self.sizes.partitions)])[name].result(timeout=30)
@@ -287,7 +287,7 @@ class Bench:
         """Rows in bronze, silver and quarantine, and the events gold has counted."""
         from pyspark.sql import functions as F
 
-        from ..pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+        from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
         lakehouse = Lakehouse(config.lakehouse_root)
 

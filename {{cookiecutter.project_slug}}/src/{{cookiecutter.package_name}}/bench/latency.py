@@ -15,9 +15,9 @@ import time
 from urllib.parse import unquote
 
 from ..devtools.sample import produce
-from ..pipeline.kafka_io import client_config
+from ..pipeline.delta.tables import GOLD, LAYERS, SILVER, Lakehouse
+from ..pipeline.kafka.clients import client_config
 from ..pipeline.streams import start_stream
-from ..pipeline.tables import GOLD, LAYERS, SILVER, Lakehouse
 from .harness import Bench, check_running, percentile, progress_of, say, seconds, stop_all, summary
 from .load import MARKER_PREFIX, paced_records
 from .report import Target

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from ..devtools.sample import produce, sample_records
 from ..pipeline.config import Config
-from ..pipeline.kafka_io import client_config
+from ..pipeline.kafka.clients import client_config
 
 MARKER_PREFIX = "bench-marker-"
 

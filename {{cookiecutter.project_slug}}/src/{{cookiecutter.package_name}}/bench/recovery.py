@@ -28,9 +28,9 @@ from pathlib import Path
 
 from ..devtools.chaos import pending_batches, pipeline_command
 from ..pipeline.config import Config
-from ..pipeline.kafka_io import bootstrap_servers
+from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
+from ..pipeline.kafka.clients import bootstrap_servers
 from ..pipeline.streams import start_stream
-from ..pipeline.tables import LAYERS, Lakehouse, ensure_tables
 from .harness import Bench, await_query, say
 from .report import Target
 

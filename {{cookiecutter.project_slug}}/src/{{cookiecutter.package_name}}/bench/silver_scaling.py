@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..devtools.sample import EVENT_TYPES
-from ..pipeline.sinks import insert_new_kafka_records, kafka_key_ranges
-from ..pipeline.tables import AMOUNT_TYPE, SILVER, SILVER_SCHEMA
+from ..pipeline.delta.tables import AMOUNT_TYPE, SILVER, SILVER_SCHEMA
+from ..pipeline.silver import insert_new_kafka_records, kafka_key_ranges
 from .harness import Bench, build_table, last_commit, say
 from .report import Target
 

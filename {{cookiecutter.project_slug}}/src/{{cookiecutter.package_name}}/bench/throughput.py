@@ -7,9 +7,9 @@ import time
 import uuid
 from pathlib import Path
 
+from ..pipeline.bronze import bronze_records
 from ..pipeline.config import Config
-from ..pipeline.kafka_io import client_config, spark_source_options
-from ..pipeline.transforms import bronze_records
+from ..pipeline.kafka.clients import client_config, spark_source_options
 from .harness import Bench, await_query, progress_of, rate, rows_and_ms, say, summary
 from .report import Target
 

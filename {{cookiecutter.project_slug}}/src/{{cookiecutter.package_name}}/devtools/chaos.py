@@ -288,9 +288,9 @@ def run_chaos(
     ``config`` points at the broker and at a lakehouse of this run only.
     """
     from ..pipeline.config import duration_seconds
-    from ..pipeline.kafka_io import bootstrap_servers, client_config
+    from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from ..pipeline.kafka.clients import bootstrap_servers, client_config
     from ..pipeline.spark import build_spark
-    from ..pipeline.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
     rng = random.Random(seed)
     run = f"chaos{seed}-{uuid.uuid4().hex[:6]}"

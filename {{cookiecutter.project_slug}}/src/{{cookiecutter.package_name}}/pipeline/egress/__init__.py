@@ -120,7 +120,7 @@ def stream(name: str):
 
         checkpoints.prepare(spark, lakehouse, stream("kafka_egress"))
     """
-    from ..tables import GOLD, Stream
+    from ..delta.tables import GOLD, Stream
 
     if name not in installed():
         raise ValueError(f"name must be an egress stream of this project ({', '.join(installed()) or 'none'})")

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..contract import EVENTS, Contract
-from ..tables import GOLD, Lakehouse
+from ..delta.tables import GOLD, Lakehouse
 from . import GOLD_VERSION
 
 DELETED = "deleted"

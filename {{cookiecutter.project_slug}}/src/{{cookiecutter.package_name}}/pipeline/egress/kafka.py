@@ -35,12 +35,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..checkpoints import CheckpointError, last_planned_batch, reset_command
 from ..config import TOPIC_PATTERN, Config, ConfigError
 from ..contract import EVENTS, Contract
-from ..crash_points import AFTER_PRE_COMMIT, crash_points, reach
-from ..kafka_io import client_config
-from ..tables import Lakehouse, gold_schema
+from ..delta.tables import Lakehouse, gold_schema
+from ..kafka.clients import client_config
+from ..recovery.checkpoints import CheckpointError, last_planned_batch, reset_command
+from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
 
         committed_changelog(spark, config).groupBy("key", GOLD_VERSION).count().where("count > 1")
     """
-    from ..kafka_io import bootstrap_servers, spark_security_options
+    from ..kafka.clients import bootstrap_servers, spark_security_options
 
     return (
         spark.read.format("kafka")

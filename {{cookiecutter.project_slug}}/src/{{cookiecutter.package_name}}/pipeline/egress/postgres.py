@@ -22,11 +22,11 @@ from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..checkpoints import CheckpointError, last_committed_batch, last_planned_batch, reset_command
 from ..config import Config, ConfigError, secret
 from ..contract import EVENTS, Contract
-from ..crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
-from ..tables import Lakehouse, TableSchemaError, gold_schema
+from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
+from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch, reset_command
+from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ..contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from . import files
-from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 
 BRONZE = "bronze_events"
 SILVER = "silver_events"
@@ -193,7 +193,7 @@ class Lakehouse:
         return f"{self.root}/checkpoints/{stream}"
 
     def aside(self, name: str) -> str:
-        """Where a reset builds table ``name`` before it replaces the table (rebuild.py)."""
+        """Where a reset builds table ``name`` before it replaces the table (recovery/rebuild.py)."""
         return f"{self.root}/rebuild/{name}"
 
 

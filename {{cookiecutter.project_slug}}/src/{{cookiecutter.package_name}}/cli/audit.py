@@ -1,4 +1,4 @@
-"""The `audit` command: reconcile the lakehouse at a cut of the running pipeline, whole or bounded."""
+"""`audit`: reconcile the lakehouse at a cut of the running pipeline, whole or bounded."""
 
 from __future__ import annotations
 
@@ -6,17 +6,15 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime
 
-from .pipeline.audit_cut import AuditRangeError, Bound
-from .pipeline.config import Config, ConfigError, duration_seconds
+from ..pipeline.audit.cut import AuditRangeError, Bound
+from ..pipeline.config import Config, ConfigError, duration_seconds
+from .connect import connect, spark_session
+from .exit_codes import ExitCode
 
-# Usage errors of the bound (a value the checkpoint cannot answer): the CLI's exit code for bad input.
-EXIT_BAD_BOUND = 2
 
-
-def add_audit_command(commands) -> None:
+def register(commands) -> None:
     audit = commands.add_parser(
         "audit",
         help="reconcile Kafka, bronze, silver, quarantine, gold and each egress at a cut of the running pipeline",
@@ -30,6 +28,7 @@ def add_audit_command(commands) -> None:
         help="only records Kafka timestamped since WHEN: an ISO-8601 time ('2026-11-23T08:00:00+00:00') "
         "or a duration back from now ('2 hours')",
     )
+    audit.set_defaults(handler=audit_command)
 
 
 def parse_bound(last_batches: int | None, since: str | None, now_s: float | None = None) -> Bound:
@@ -63,15 +62,17 @@ def parse_bound(last_batches: int | None, since: str | None, now_s: float | None
     return Bound(since_ms=int(when.timestamp() * 1000))
 
 
-def cmd_audit(config: Config, args: argparse.Namespace, spark: Callable[[], object]) -> int:
-    from .pipeline.audit import run_audit
+def audit_command(config: Config, args: argparse.Namespace) -> int:
+    from ..pipeline.audit.reconcile import run_audit
 
+    config = connect(config, egress=True)
     bound = parse_bound(args.last_batches, args.since)
     try:
-        report = run_audit(spark(), config, bound=bound)
+        report = run_audit(spark_session(config, "audit"), config, bound=bound)
     except AuditRangeError as error:
+        # A bound the checkpoint cannot answer: bad input.
         print(f"audit: {error}", file=sys.stderr)
-        return EXIT_BAD_BOUND
+        return ExitCode.BAD_INPUT
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -83,4 +84,4 @@ def cmd_audit(config: Config, args: argparse.Namespace, spark: Callable[[], obje
         print(f"cut: table versions {cut['table_versions']}; stream batches {cut['batches']}")
         print(f"  kafka range [first, end) per partition: {cut['kafka_range'] or 'none read by bronze yet'}")
         print(f"audit verdict: {'clean' if report.clean else 'FAILED'}")
-    return 0 if report.clean else 1
+    return ExitCode.OK if report.clean else ExitCode.FAILED

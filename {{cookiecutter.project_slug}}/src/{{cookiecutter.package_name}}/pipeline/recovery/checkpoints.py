@@ -53,7 +53,8 @@ from enum import Enum
 
 from pyspark.sql import SparkSession
 
-from . import files
+from ..delta import files
+from ..delta.tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
 from .sink_progress import (
     IDENTITY_PROPERTY,
     TXN_RETENTION_PROPERTY,
@@ -61,7 +62,6 @@ from .sink_progress import (
     read_sink_progress,
     recorded_sink_versions,
 )
-from .tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
 
 COMMAND = "{{ cookiecutter.project_slug }}"
 # Sinks written by every batch of their stream, even an empty one (bronze appends

@@ -23,8 +23,8 @@ from datetime import datetime
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from . import files
-from .tables import latest_snapshot, table_has_rows
+from ..delta import files
+from ..delta.tables import latest_snapshot, table_has_rows
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 # Set on a stream's tables while a reset rebuilds them (rebuild.py): a start that finds it refuses.

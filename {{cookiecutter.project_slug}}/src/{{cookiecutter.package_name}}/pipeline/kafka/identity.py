@@ -24,10 +24,10 @@ import logging
 
 from pyspark.sql import SparkSession
 
-from . import checkpoints
-from .config import Config
-from .kafka_io import Sources, bootstrap_servers, describe_sources
-from .tables import BRONZE, Lakehouse, read_properties, set_properties
+from ..config import Config
+from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
+from ..recovery import checkpoints
+from .clients import Sources, bootstrap_servers, describe_sources
 
 log = logging.getLogger(__name__)
 

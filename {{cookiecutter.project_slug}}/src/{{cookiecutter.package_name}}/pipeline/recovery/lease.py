@@ -48,9 +48,9 @@ from enum import Enum
 
 from pyspark.sql import SparkSession
 
-from . import files
+from ..delta import files
+from ..delta.tables import Lakehouse
 from .checkpoints import CheckpointError
-from .tables import Lakehouse
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The `checkpoints list` and `checkpoints reset` commands (kept apart from cli.py for length)."""
+"""`checkpoints list` and `checkpoints reset`: each stream's checkpoint against its tables, and the exact way back."""
 
 from __future__ import annotations
 
@@ -6,15 +6,35 @@ import json
 import sys
 from collections.abc import Callable
 
-from .pipeline import checkpoints, rebuild
-from .pipeline.config import Config
-from .pipeline.egress import configured
-from .pipeline.egress import stream as egress_stream
-from .pipeline.lease import LeaseHeld, holding, read_lease
-from .pipeline.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
+from ..pipeline import gold as gold_layer
+from ..pipeline import streams as pipeline_streams
+from ..pipeline.config import Config
+from ..pipeline.delta.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
+from ..pipeline.egress import configured, installed_names
+from ..pipeline.egress import stream as egress_stream
+from ..pipeline.recovery import checkpoints, rebuild
+from ..pipeline.recovery.lease import LeaseHeld, holding, read_lease
+from .connect import spark_session
+from .exit_codes import ExitCode
 
-# The CLI's exit code for "refusing": the same as a refused start.
-EXIT_REFUSED = 3
+
+def register(commands) -> None:
+    group = commands.add_parser("checkpoints", help="list or reset stream checkpoints")
+    actions = group.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="each stream's checkpoint progress against its sink tables")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(
+        handler=lambda config, args: list_checkpoints(config, args.json, spark_session(config, "checkpoints"))
+    )
+    reset = actions.add_parser("reset", help="reset a stream and everything downstream of it")
+    reset.add_argument("stream", choices=["bronze", "silver", "gold", *installed_names()])
+    reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
+    reset.set_defaults(
+        handler=lambda config, args: reset_checkpoints(
+            config, args.stream, args.yes, lambda: spark_session(config, "checkpoints"), args.only
+        )
+    )
 
 
 def list_checkpoints(config: Config, as_json: bool, spark) -> int:
@@ -27,11 +47,11 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
     lakehouse = Lakehouse(config.lakehouse_root)
     streams = {**STREAMS, **{name: egress_stream(name) for name in configured(config)}}
     listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
-    gold = listing[rebuild.STREAM]
-    gold["refusal"] = gold["refusal"] or rebuild.window_refusal(spark, lakehouse, config.gold_window)
+    gold = listing[gold_layer.STREAM]
+    gold["refusal"] = gold["refusal"] or gold_layer.window_refusal(spark, lakehouse, config.gold_window)
     if as_json:
         print(json.dumps(listing, indent=2))
-        return 0
+        return ExitCode.OK
     for name, state in listing.items():
         print(
             f"{name:<7} {state['status']:<20} planned {state['last_planned']}  committed {state['last_committed']}"
@@ -41,7 +61,7 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
             print(f"        {table:<18} v{sink['version']}  last batch of this stream {sink['txn_batch']}")
         if state["refusal"]:
             print(f"        refuses to start: {state['refusal']}")
-    return 0
+    return ExitCode.OK
 
 
 def checkpoint_state(spark, lakehouse: Lakehouse, stream: Stream) -> dict:
@@ -119,20 +139,20 @@ def reset_checkpoints(
                 f"nothing can ask; run `checkpoints reset {stream}{' --only' if only else ''} --yes` to do it.",
                 file=sys.stderr,
             )
-            return EXIT_REFUSED
+            return ExitCode.REFUSED
         answer = input(f"This will {what}.\nReset {names}? Type 'yes' to go on: ")
         if answer.strip().lower() != "yes":
             print("nothing reset")
-            return 1
+            return ExitCode.FAILED
     spark = make_spark()
     way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
         # Held for the whole reset: no stream starts halfway through it.
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out):
-            done = rebuild.reset(spark, lakehouse, streams, config.gold_window)
+            done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window)
     except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     print(f"reset {names}; the next run resumes consistently")
     for each in done:
         rows = ", ".join(f"{table} {count} rows" for table, count in each.rows.items())
@@ -140,4 +160,4 @@ def reset_checkpoints(
             f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}; its stream goes on "
             f"from the next {each.source} version"
         )
-    return 0
+    return ExitCode.OK

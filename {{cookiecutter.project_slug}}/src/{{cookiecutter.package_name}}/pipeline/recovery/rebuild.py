@@ -17,32 +17,25 @@ for gold, rows without a checkpoint), which every start refuses until the reset
 is run again: silver and quarantine rebuilt one without the other never meet a
 stream.
 
-Gold's rows are sums per window: they depend on ``pipeline.gold_window``. The
-window gold was built with is a table property (``lakehouse.gold.window``); a
-stream started with another window is refused, since it would add windows of a
-second size to the same table.
+What the new rows are is each layer's own: ``silver.rebuilt_rows`` and ``gold.rebuilt_rows``
+(``streams.reset`` wires a reset to them). Gold's window is checked in ``gold.py``.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from . import checkpoints, files
-from .config import duration_seconds
-from .contract import EVENTS, Contract
-from .crash_points import BETWEEN_SINK_COMMITS, reach
-from .sink_progress import IDENTITY_PROPERTY, REBUILDING_PROPERTY
-from .tables import (
-    GOLD,
+from ..contract import EVENTS, Contract
+from ..delta import files
+from ..delta.tables import (
     PARTITION_COLUMNS,
-    QUARANTINE,
-    SILVER,
     STREAMS,
     Lakehouse,
     Stream,
@@ -56,12 +49,15 @@ from .tables import (
     table_schemas,
     unset_property,
 )
-from .transforms import first_per_kafka_record, parse_events, quarantined_records, valid_events, window_aggregates
+from . import checkpoints
+from .crash_points import BETWEEN_SINK_COMMITS, reach
+from .sink_progress import IDENTITY_PROPERTY, REBUILDING_PROPERTY
 
-WINDOW_PROPERTY = "lakehouse.gold.window"
 START_PROPERTY = "lakehouse.%s.start"
-# The gold stream's name (its checkpoint, its identity property); GOLD is its table's.
-STREAM = "gold"
+# What a layer gives a rebuild: each table's new rows from the source's, and what it cached to
+# compute them (unpersisted once every table is written), or None.
+RowsBuilder = Callable[[DataFrame], tuple[dict[str, DataFrame], DataFrame | None]]
+
 # The streams a reset rebuilds aside, in the order they must be rebuilt.
 REBUILT = ("silver", "gold")
 
@@ -75,45 +71,6 @@ class Rebuilt:
     source: str
     source_version: int | None
     stream_id: str
-
-
-def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> str | None:
-    """Why gold's stream cannot start with ``gold_window`` (the table holds windows of another size); None if it can.
-
-    Example::
-
-        window_refusal(spark, Lakehouse("/data/lake"), "15 minutes")  # "gold: the table ... holds windows of ..."
-    """
-    configured = duration_seconds(gold_window, "pipeline.gold_window")
-    path = lakehouse.table(GOLD)
-    if latest_snapshot(spark, path).version() < 0:
-        return None
-    recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
-    if recorded is None or duration_seconds(recorded, WINDOW_PROPERTY) == configured:
-        return None
-    return (
-        f"gold: the table {path} holds windows of {recorded!r}, but pipeline.gold_window is "
-        f"{gold_window!r}: going on would add windows of a second size to the same table. Way out: "
-        f"{checkpoints.reset_command(STREAM)}: gold is rebuilt from silver at {gold_window!r} beside the "
-        f"table and replaces its rows in one commit; bronze and silver are left as they are. Or set "
-        f"pipeline.gold_window back to {recorded!r}."
-    )
-
-
-def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> None:
-    """Refuse a gold stream whose window differs from the one gold was built with; record it on a new gold.
-
-    Example::
-
-        check_window(spark, Lakehouse("/data/lake"), config.gold_window)  # or CheckpointError
-    """
-    refusal = window_refusal(spark, lakehouse, gold_window)
-    if refusal is not None:
-        raise checkpoints.CheckpointError(refusal)
-    path = lakehouse.table(GOLD)
-    if WINDOW_PROPERTY not in read_properties(spark, path):
-        # A gold from before the window was recorded: it was built with the window in use.
-        set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
 
 
 def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: str, stream_id: str) -> int | None:
@@ -134,28 +91,6 @@ def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: str, str
     return recorded["source_version"] if recorded["stream_id"] == stream_id else None
 
 
-def reset(
-    spark: SparkSession,
-    lakehouse: Lakehouse,
-    streams: list[Stream],
-    gold_window: str,
-    contract: Contract = EVENTS,
-) -> list[Rebuilt]:
-    """Forget the checkpoints of ``streams``; rebuild aside the ones that are rebuilt, each in one commit per table.
-
-    Silver is rebuilt only with gold (a reset of silver or above): an overwrite of silver would stop a gold
-    stream that goes on reading it. Alone (``--only``), silver's new stream re-reads bronze keeping each
-    record once instead (see ``rebuilt_by_reset``).
-
-    Example::
-
-        reset(spark, Lakehouse("/data/lake"), with_downstream("silver"), config.gold_window)
-    """
-    duration_seconds(gold_window, "pipeline.gold_window")
-    checkpoints.reset(spark, lakehouse, streams)
-    return [rebuild(spark, lakehouse, stream, gold_window, contract) for stream in rebuilt_by_reset(streams)]
-
-
 def rebuilt_by_reset(streams: list[Stream]) -> list[str]:
     """Which of ``streams`` a reset of them all rebuilds aside, in order.
 
@@ -164,23 +99,32 @@ def rebuilt_by_reset(streams: list[Stream]) -> list[str]:
         rebuilt_by_reset(with_downstream("silver"))  # ["silver", "gold"]; [STREAMS["silver"]] alone: []
     """
     names = {stream.name for stream in streams}
-    return [name for name in REBUILT if name in names and (name == STREAM or STREAM in names)]
+    return [name for name in REBUILT if name in names and (name == "gold" or "gold" in names)]
 
 
 def rebuild(
-    spark: SparkSession, lakehouse: Lakehouse, stream: str, gold_window: str, contract: Contract = EVENTS
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    stream: str,
+    build: RowsBuilder,
+    properties: dict[str, str] | None = None,
+    contract: Contract = EVENTS,
 ) -> Rebuilt:
-    """Replace the tables of ``stream`` (silver or gold) by its source transformed at one version (see ``_swap_in``).
+    """Replace the tables of ``stream`` (silver or gold) by ``build`` of its source at one version (see ``_swap_in``).
 
-    The stream's checkpoint must be gone (``checkpoints.reset``): the rebuild makes the new one.
+    ``build`` turns the source's rows into each table's new rows (the layer's ``rebuilt_rows``);
+    ``properties`` are set on every rebuilt table with the stream's new id. The stream's checkpoint
+    must be gone (``checkpoints.reset``): the rebuild makes the new one.
 
     Example::
 
-        rebuild(spark, Lakehouse("/data/lake"), "gold", "1 minute").rows  # {"gold_event_windows": 1440}
+        rebuild(spark, Lakehouse("/data/lake"), "gold", lambda silver: gold.rebuilt_rows(silver, "1 minute")).rows
+        # {"gold_event_windows": 1440}
     """
     if stream not in REBUILT:
         raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
-    duration_seconds(gold_window, "pipeline.gold_window")
+    if not callable(build):
+        raise TypeError("build must turn the source's rows into each table's rows")
     sinks, source = STREAMS[stream].sinks, STREAMS[stream].source
     checkpoint = lakehouse.checkpoint(stream)
     if checkpoints.read_stream_id(spark, checkpoint, stream) is not None:
@@ -202,7 +146,7 @@ def rebuild(
         if source_version is None
         else spark.read.format("delta").option("versionAsOf", source_version).load(source_path)
     )
-    rows, cached = _rebuilt_rows(stream, source_rows, gold_window, contract)
+    rows, cached = ({}, None) if source_rows is None else build(source_rows)
     try:
         written = {}
         for name in sinks:
@@ -215,28 +159,13 @@ def rebuild(
     start = {"stream_id": stream_id, "source_version": 0 if source_version is None else source_version + 1}
     for position, name in enumerate(sinks):
         path = lakehouse.table(name)
-        properties = {**table_properties(name, contract), IDENTITY_PROPERTY % stream: stream_id}
+        table = {**table_properties(name, contract), IDENTITY_PROPERTY % stream: stream_id}
         if position == 0:
-            properties[START_PROPERTY % stream] = json.dumps(start)
-        if stream == STREAM:
-            properties[WINDOW_PROPERTY] = gold_window
-        set_properties(spark, path, properties)
+            table[START_PROPERTY % stream] = json.dumps(start)
+        set_properties(spark, path, {**table, **(properties or {})})
         unset_property(spark, path, REBUILDING_PROPERTY % stream)
     checkpoints.create_stream_id(spark, checkpoint, stream_id)
     return Rebuilt(stream, written, source, source_version, stream_id)
-
-
-def _rebuilt_rows(
-    stream: str, source: DataFrame | None, gold_window: str, contract: Contract
-) -> tuple[dict[str, DataFrame], DataFrame | None]:
-    """Each table's new rows, and what was cached to compute them (None: nothing)."""
-    if source is None:
-        return {}, None
-    if stream == STREAM:
-        return {GOLD: window_aggregates(source, gold_window, contract)}, None
-    # Parsed once for both tables.
-    parsed = parse_events(first_per_kafka_record(source), contract).persist()
-    return {SILVER: valid_events(parsed, contract), QUARANTINE: quarantined_records(parsed)}, parsed
 
 
 def _swap_in(
@@ -271,3 +200,20 @@ def _swap_in(
     count = built.count()
     files.delete(spark, aside, recursive=True)
     return count
+
+
+def source_stream(spark: SparkSession, lakehouse: Lakehouse, stream: str, stream_id: str | None) -> DataFrame:
+    """The Delta stream of the table ``stream`` reads; after a rebuild, from the version after the one it read.
+
+    Example::
+
+        source_stream(spark, Lakehouse("/data/lake"), "gold", prepared.stream_id)  # silver's change stream
+    """
+    if stream not in REBUILT:
+        raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
+    source = spark.readStream.format("delta")
+    # Set by a rebuild for its new stream only: the source up to there is in the stream's tables already.
+    start = None if stream_id is None else starting_version(spark, lakehouse, stream, stream_id)
+    if start is not None:
+        source = source.option("startingVersion", start)
+    return source.load(lakehouse.table(STREAMS[stream].source))

@@ -28,12 +28,12 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import checkpoints, rebuild
-from .config import Config
-from .contract import Contract
-from .kafka_io import offsets_for_time, watermark_offsets
-from .sink_progress import read_sink_progress
-from .tables import STREAMS, Lakehouse
+from ..config import Config
+from ..contract import Contract
+from ..delta.tables import STREAMS, Lakehouse
+from ..kafka.clients import offsets_for_time, watermark_offsets
+from ..recovery import checkpoints, rebuild
+from ..recovery.sink_progress import read_sink_progress
 
 # A Delta source offset's index before the first file of its version (Spark logs -1).
 BASE_INDEX = -1

@@ -6,7 +6,7 @@ read_committed, never against offset arithmetic. Content is compared too: each
 bronze record's key and value against Kafka's (a digest), and silver and
 quarantine against bronze parsed again.
 
-The pipeline may keep running: the audit reads a cut (audit_cut.py), how far each
+The pipeline may keep running: the audit reads a cut (cut.py), how far each
 stream had got by its checkpoint and its tables, and checks each stream against
 exactly what it had consumed; records after the cut are in flight, not missing.
 A bound (the last N bronze batches, or records since a time) keeps it cheap on a
@@ -24,21 +24,16 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .audit_cut import Bound, Consumed, Cut, take_cut, touched_windows
-from .config import Config
-from .contract import EVENTS, WINDOW_START, Contract
-from .egress import GOLD_VERSION, configured
-from .kafka_io import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
-from .progress import QUARANTINE_ALERT_SHARE
-from .tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
-from .transforms import (
-    first_per_kafka_record,
-    parse_events,
-    quarantined_records,
-    valid_events,
-    window_aggregates,
-    with_topic_ids,
-)
+from ..bronze import with_topic_ids
+from ..config import Config
+from ..contract import EVENTS, WINDOW_START, Contract
+from ..delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
+from ..egress import GOLD_VERSION, configured
+from ..gold import window_aggregates
+from ..kafka.clients import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
+from ..monitoring import QUARANTINE_ALERT_SHARE
+from ..silver import first_per_kafka_record, parse_events, quarantined_records, valid_events
+from .cut import Bound, Consumed, Cut, take_cut, touched_windows
 
 KAFKA_RECORD = "topic string, topic_id string, partition int, offset long, key binary, value binary"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from .config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
+from ..config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
 
 JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",

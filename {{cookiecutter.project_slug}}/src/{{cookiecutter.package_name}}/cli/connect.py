@@ -1,0 +1,60 @@
+"""What a command does before its work: local servers resolved, Kafka reached, egress sinks checked, Spark built.
+
+Every check here runs before Spark starts, so a bad setting fails in seconds with its name
+(exit 2), never as a Kafka client retrying a refused login forever.
+"""
+
+from __future__ import annotations
+
+from ..pipeline.config import Config, ConfigError
+from .local_servers import resolve, uses_local_broker
+
+
+def connect(config: Config, egress: bool = False, asked: str | None = None, provision: bool = False) -> Config:
+    """The config resolved and checked for a command that talks to Kafka (and, with ``egress``, to the sinks).
+
+    ``asked`` is the egress stream a command names (`run --layer`, `show`): refused when it is off.
+    ``provision`` creates the development output topic of a run on the local broker.
+
+    Example::
+
+        config = connect(load_config("local"), egress=True, asked="kafka_egress")
+    """
+    from ..pipeline.kafka.clients import check_connection
+
+    local_broker = uses_local_broker(config)
+    config = resolve(config, egress=egress)
+    # Before Spark: its Kafka client would retry a refused login forever.
+    check_connection(config)
+    if egress:
+        check_egress(config, asked, provision=provision and local_broker)
+    return config
+
+
+def check_egress(config: Config, asked: str | None = None, provision: bool = False) -> None:
+    """Refuse an egress ``asked`` for that is off; provision (``provision``) and reach every egress sink turned on.
+
+    Raises ConfigError naming the setting when an egress cannot be reached or refuses the login.
+    """
+    from ..pipeline.egress import configured, installed_names
+
+    if asked in installed_names() and asked not in config.egress:
+        raise ConfigError(f"{asked}: is off: its config section is missing or PIPELINE_EGRESS leaves it out")
+    for module in configured(config).values():
+        if provision:
+            module.provision_local(config)
+        module.check_connection(config)
+
+
+def spark_session(config: Config, app: str):
+    """The Spark session of a command, quiet: Spark's own INFO lines would bury the command's output."""
+    from ..pipeline.spark import build_spark
+
+    spark = build_spark(
+        app_name=app,
+        master=config.spark_master,
+        shuffle_partitions=config.shuffle_partitions,
+        ui_enabled=config.spark_ui_enabled,
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,92 @@
+"""`produce-sample`, `chaos`, `bench` and `setup`: the development and proving commands.
+
+Each imports the development tools or the benchmark inside its handler, so `run` in production
+loads the pipeline only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from ..pipeline.config import Config
+from .connect import connect, spark_session
+from .exit_codes import ExitCode
+from .local_servers import private_servers, uses_local_broker
+
+
+def register(commands) -> None:
+    produce = commands.add_parser("produce-sample", help="produce sample events to the first configured topic")
+    produce.add_argument("--count", type=int, required=True)
+    produce.add_argument("--malformed-ratio", type=float, default=0.0)
+    produce.add_argument("--seed", type=int, default=7)
+    produce.set_defaults(handler=produce_sample)
+
+    chaos_parser = commands.add_parser(
+        "chaos", help="kill and restart the pipeline at random while producing, then check exactly-once"
+    )
+    chaos_parser.add_argument("--kills", type=int, default=10)
+    chaos_parser.add_argument("--seed", type=int, default=1)
+    chaos_parser.add_argument("--records", type=int, default=2000)
+    chaos_parser.add_argument("--workdir", default=".chaos", help="each run gets a fresh lakehouse below it")
+    chaos_parser.set_defaults(handler=chaos)
+
+    bench_parser = commands.add_parser(
+        "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
+    )
+    bench_parser.add_argument("--quick", action="store_true", help="a smaller run (under 12 minutes)")
+    bench_parser.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
+    bench_parser.add_argument("--keep", action="store_true", help="keep the work directory, broker and topics")
+    bench_parser.set_defaults(handler=bench)
+
+    setup_parser = commands.add_parser("setup", help="download and cache every JVM jar (Spark packages, Kafka broker)")
+    setup_parser.set_defaults(handler=setup)
+
+
+def produce_sample(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.sample import produce, sample_records
+    from ..pipeline.kafka.clients import client_config, ensure_topics
+
+    local_broker = uses_local_broker(config)
+    config = connect(config)
+    if local_broker:
+        ensure_topics(config)
+    topic = config.kafka.topics[0]
+    sent = produce(client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio))
+    print(f"produced {sent} records to {topic}")
+    return ExitCode.OK
+
+
+def chaos(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.chaos import run_chaos
+
+    workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
+    # Never the configured lakehouse: the runner creates its own topic and tables.
+    run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
+    with ExitStack() as servers:
+        run_config = private_servers(run_config, workdir, servers)
+        report = run_chaos(run_config, args.kills, args.seed, args.records)
+    print(report.table())
+    print(f"work directory: {workdir}")
+    return ExitCode.OK if report.clean else ExitCode.FAILED
+
+
+def bench(config: Config, args: argparse.Namespace) -> int:
+    from ..bench import run_bench
+
+    run_bench(config, quick=args.quick, output_dir=Path(args.output), keep=args.keep)
+    return ExitCode.OK
+
+
+def setup(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.kafka_local import resolve_broker_jars
+
+    jars = resolve_broker_jars()
+    print(f"Kafka broker: {len(jars)} jars cached")
+    spark = spark_session(config, "setup")
+    print(f"Spark {spark.version} with Delta Lake and the Kafka connector: jars cached")
+    spark.stop()
+    return ExitCode.OK

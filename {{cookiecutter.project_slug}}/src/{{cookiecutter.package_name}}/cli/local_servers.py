@@ -1,0 +1,129 @@
+"""The one resolver of development servers: a config that names "local" gets the running server's address.
+
+`kafka-local start` runs a broker and the bootstrap "local" names it; `postgres-local start` (with a
+PostgreSQL egress) runs a server and the egress DSN "local" names it. The pipeline never sees "local"
+(``kafka/clients.py`` refuses it) and never imports the development tools: they are resolved here, once,
+at the edge. The `kafka-local` command lives here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from ..pipeline.config import LOCAL_BOOTSTRAP, Config, ConfigError
+from .exit_codes import ExitCode
+
+# The PostgreSQL development server's part of the command line: a bake without the PostgreSQL egress
+# has no such module, and nothing to resolve.
+POSTGRES_LOCAL = f"{__package__}.postgres_local"
+
+
+def uses_local_broker(config: Config) -> bool:
+    """The config names the development broker (bootstrap "local"), not a cluster."""
+    return config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP
+
+
+def resolve(config: Config, egress: bool = True) -> Config:
+    """The config with every "local" server replaced by the running one's address (and credentials).
+
+    ``egress`` False leaves the egress sinks' "local" as it is (a command that never reaches them).
+    Raises ConfigError naming the setting when it says "local" and no such server runs.
+
+    Example::
+
+        resolve(load_config("local")).kafka.bootstrap_servers  # "127.0.0.1:39092"
+    """
+    config = resolve_local_bootstrap(config)
+    postgres = _postgres_local() if egress else None
+    return config if postgres is None else postgres.resolve_local_postgres(config)
+
+
+def resolve_local_bootstrap(config: Config) -> Config:
+    """The config with bootstrap "local" replaced by the address of the running development broker."""
+    if not uses_local_broker(config):
+        return config
+    from ..devtools.kafka_local import running_bootstrap
+
+    bootstrap = running_bootstrap(config.kafka_local_home)
+    if bootstrap is None:
+        raise ConfigError(
+            f"kafka.bootstrap_servers: is 'local' but no local broker runs in {config.kafka_local_home}; "
+            "start one with `kafka-local start` or set KAFKA_BOOTSTRAP_SERVERS"
+        )
+    return dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, bootstrap_servers=bootstrap))
+
+
+def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
+    """For a chaos run: private servers under ``workdir`` for each "local" one that does not run; then resolved.
+
+    The servers started here are stopped when ``stack`` closes.
+    """
+    if uses_local_broker(config):
+        from ..devtools.kafka_local import LocalKafka, running_bootstrap
+
+        if running_bootstrap(config.kafka_local_home) is None:
+            broker = LocalKafka(workdir / "kafka")
+            kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
+            stack.callback(broker.stop)
+            config = dataclasses.replace(config, kafka=kafka)
+    postgres = _postgres_local()
+    if postgres is not None:
+        config = postgres.private_postgres(config, workdir, stack)
+    return resolve(config)
+
+
+def stop_or_status(server, action: str) -> int:
+    """`stop` and `status` of a development server (kafka-local, postgres-local): the same words, exit codes."""
+    if action == "stop":
+        print("stopped" if server.stop() else "not running")
+        return ExitCode.OK
+    status = server.status()
+    print(json.dumps(status, default=str) if status else "not running")
+    return ExitCode.OK if status else ExitCode.FAILED
+
+
+def register(commands) -> None:
+    local = commands.add_parser("kafka-local", help="a single-node Kafka broker for development")
+    local.add_argument("action", choices=["start", "stop", "status"])
+    local.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: also listen with SASL_SSL (PLAIN, SCRAM) and with mutual TLS, on certificates made on first start",
+    )
+    local.set_defaults(handler=kafka_local)
+    postgres = _postgres_local()
+    if postgres is not None:
+        postgres.register(commands)
+
+
+def kafka_local(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.kafka_local import LocalKafka
+
+    broker = LocalKafka(config.kafka_local_home)
+    if args.action == "start":
+        try:
+            print(broker.start(secure=args.secure))
+        except RuntimeError as error:
+            print(f"kafka-local: {error}", file=sys.stderr)
+            return ExitCode.FAILED
+        secure = broker.secure_listeners()
+        if args.secure and secure:
+            from ..devtools.kafka_secure import client_instructions
+
+            print(client_instructions(secure))
+        return ExitCode.OK
+    return stop_or_status(broker, args.action)
+
+
+def _postgres_local():
+    """The PostgreSQL development server's command-line module, or None in a bake without it."""
+    if importlib.util.find_spec(POSTGRES_LOCAL) is None:
+        return None
+    return importlib.import_module(POSTGRES_LOCAL)

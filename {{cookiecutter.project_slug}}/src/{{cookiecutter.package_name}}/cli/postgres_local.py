@@ -1,0 +1,86 @@
+"""`postgres-local start|stop|status`, and the egress DSN "local" resolved to the server it runs.
+
+Like the Kafka bootstrap "local" (``local_servers.py``), the DSN "local" is resolved once, at the
+edge; the pipeline never imports the development tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from ..pipeline.config import Config, ConfigError
+from .exit_codes import ExitCode
+
+POSTGRES = "postgres_egress"
+LOCAL_DSN = "local"
+DEFAULT_LOCAL_HOME = ".postgres-local"
+
+
+def register(commands) -> None:
+    """`postgres-local start|stop|status`: the development server the PostgreSQL egress writes to."""
+    local = commands.add_parser("postgres-local", help="a PostgreSQL server for development (the egress's target)")
+    local.add_argument("action", choices=["start", "stop", "status"])
+    local.set_defaults(handler=postgres_local)
+
+
+def postgres_local(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.postgres_local import LocalPostgres
+    from .local_servers import stop_or_status
+
+    server = LocalPostgres(_local_home(config))
+    if args.action == "start":
+        try:
+            print(server.start())
+        except RuntimeError as error:
+            print(f"postgres-local: {error}", file=sys.stderr)
+            return ExitCode.FAILED
+        print(f"password file: {server.password_file}")
+        return ExitCode.OK
+    return stop_or_status(server, args.action)
+
+
+def resolve_local_postgres(config: Config) -> Config:
+    """The config with an egress DSN "local" replaced by the running development server's, and its password."""
+    settings = config.egress.get(POSTGRES)
+    if settings is None or settings.dsn != LOCAL_DSN:
+        return config
+    from ..devtools.postgres_local import LocalPostgres, running_dsn
+
+    home = _local_home(config)
+    dsn = running_dsn(home)
+    if dsn is None:
+        raise ConfigError(
+            f"egress_postgres.dsn: is 'local' but no local PostgreSQL runs in {home}; start one with "
+            "`postgres-local start`, or set EGRESS_POSTGRES_DSN and EGRESS_POSTGRES_PASSWORD"
+        )
+    password = LocalPostgres(home).password_file.read_text().strip()
+    resolved = dataclasses.replace(settings, dsn=dsn, password=password)
+    return dataclasses.replace(config, egress={**config.egress, POSTGRES: resolved})
+
+
+def private_postgres(config: Config, workdir: Path, stack: ExitStack) -> Config:
+    """For a chaos run: a private PostgreSQL under ``workdir`` when the egress DSN is "local" and none runs.
+
+    The server is stopped when ``stack`` closes; the DSN is left "local" for ``resolve_local_postgres``.
+    """
+    settings = config.egress.get(POSTGRES)
+    if settings is None or settings.dsn != LOCAL_DSN:
+        return config
+    from ..devtools.postgres_local import LocalPostgres, running_dsn
+
+    if running_dsn(_local_home(config)) is None:
+        settings = dataclasses.replace(settings, local_home=str(workdir / "postgres"))
+        config = dataclasses.replace(config, egress={**config.egress, POSTGRES: settings})
+        server = LocalPostgres(_local_home(config))
+        server.start()
+        stack.callback(server.stop)
+    return config
+
+
+def _local_home(config: Config) -> Path:
+    settings = config.egress.get(POSTGRES)
+    return Path(settings.local_home if settings is not None else DEFAULT_LOCAL_HOME).expanduser()

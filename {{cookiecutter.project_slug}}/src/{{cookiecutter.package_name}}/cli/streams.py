@@ -1,0 +1,174 @@
+"""`run`, `describe` and `show`: the pipeline's streams run, described and their tables printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+from ..pipeline.config import Config
+from ..pipeline.egress import installed_names
+from .connect import connect, spark_session
+from .exit_codes import ExitCode
+
+
+def register(commands) -> None:
+    run_parser = commands.add_parser("run", help="run pipeline streams")
+    run_parser.add_argument("--layer", choices=["bronze", "silver", "gold", *installed_names(), "all"], default="all")
+    run_parser.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
+    run_parser.set_defaults(handler=run)
+
+    describe_parser = commands.add_parser("describe", help="streams, tables and checkpoints")
+    describe_parser.add_argument("--json", action="store_true")
+    describe_parser.set_defaults(handler=print_description)
+
+    show_parser = commands.add_parser("show", help="print a table")
+    show_parser.add_argument("table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()])
+    show_parser.add_argument("--limit", type=int, default=20)
+    show_parser.set_defaults(handler=show)
+
+
+def run(config: Config, args: argparse.Namespace) -> int:
+    from ..pipeline.monitoring import ProgressReporter
+    from ..pipeline.streams import run_available_now, stream_names
+
+    config = connect(config, egress=True, asked=args.layer, provision=True)
+    stop_requested = threading.Event()
+
+    def request_stop(*_: object) -> None:
+        stop_requested.set()
+
+    # Before Spark starts, so a SIGTERM during start-up also stops cleanly, and
+    # again after: starting the SparkContext replaces the SIGINT handler.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
+    spark = spark_session(config, f"pipeline-{args.layer}")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
+    reporter = ProgressReporter()
+    spark.streams.addListener(reporter)
+    layers = stream_names(config) if args.layer == "all" else (args.layer,)
+    try:
+        if args.available_now:
+            run_available_now(spark, config, layers)
+            return ExitCode.OK
+        return _run_until_stopped(spark, config, layers, stop_requested)
+    finally:
+        # Listener events are delivered asynchronously: let the last batches report.
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+        spark.streams.removeListener(reporter)
+
+
+def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requested: threading.Event) -> int:
+    from ..pipeline.streams import start_stream
+
+    queries = []
+    for layer in layers:
+        if not stop_requested.is_set():
+            queries.append(start_stream(spark, config, layer, available_now=False))
+    while not stop_requested.is_set() and all(query.isActive for query in queries):
+        stop_requested.wait(1.0)
+    # A stream that ended on its own failed, with an exception or without one (its lease
+    # was taken over by another process); the others are stopped by us.
+    failed = [query for query in queries if not query.isActive]
+    for query in queries:
+        if query.isActive:
+            _stop_after_current_batch(query)
+            if query.exception() is not None:
+                print(
+                    f"stream {query.name} was stopped inside a batch; that batch is replayed on the next start",
+                    file=sys.stderr,
+                )
+    for query in failed:
+        reason = query.exception() or "it ended without a stop request: see the log for its lease"
+        print(f"stream {query.name} failed: {reason}", file=sys.stderr)
+    return ExitCode.FAILED if failed else ExitCode.OK
+
+
+def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
+    # Spark has no graceful stop: stop() interrupts a running batch. That is safe
+    # (the batch is replayed, exactly once, on the next start), but waiting for
+    # the current trigger to end usually avoids it.
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
+def describe(config: Config) -> dict:
+    """The streams, tables, checkpoints and egresses of ``config`` as plain data (`describe --json`)."""
+    from ..pipeline.delta.tables import SCHEMAS, STREAMS, Lakehouse
+    from ..pipeline.egress import configured
+
+    lakehouse = Lakehouse(config.lakehouse_root)
+    egress = {
+        name: {
+            "source": f"change data feed of {lakehouse.table(STREAMS['gold'].sinks[0])}",
+            **module.describe(config),
+            "checkpoint": lakehouse.checkpoint(name),
+        }
+        for name, module in configured(config).items()
+    }
+    return {
+        "env": config.env,
+        "lakehouse_root": config.lakehouse_root,
+        "streams": {
+            name: {
+                "source": f"kafka:{','.join(config.kafka.topics)}"
+                if stream.source == "kafka"
+                else lakehouse.table(stream.source),
+                "sinks": {table: lakehouse.table(table) for table in stream.sinks},
+                "checkpoint": lakehouse.checkpoint(name),
+                "downstream": list(stream.downstream),
+            }
+            for name, stream in STREAMS.items()
+        },
+        "tables": {name: lakehouse.table(name) for name in SCHEMAS},
+        "egress": egress,
+    }
+
+
+def print_description(config: Config, args: argparse.Namespace) -> int:
+    description = describe(config)
+    if args.json:
+        print(json.dumps(description, indent=2))
+        return ExitCode.OK
+    print(f"env {description['env']}, lakehouse {description['lakehouse_root']}")
+    for name, stream in description["streams"].items():
+        print(f"stream {name}: {stream['source']} -> {', '.join(stream['sinks'].values())}")
+        print(f"  checkpoint {stream['checkpoint']}")
+    for name, egress in description["egress"].items():
+        sink = ", ".join(f"{key} {value}" for key, value in egress.items() if key not in {"source", "checkpoint"})
+        print(f"egress {name}: {egress['source']} -> {sink}")
+        print(f"  checkpoint {egress['checkpoint']}")
+    return ExitCode.OK
+
+
+def show(config: Config, args: argparse.Namespace) -> int:
+    from ..pipeline.contract import EVENTS
+    from ..pipeline.delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
+
+    if args.table in installed_names():
+        return _show_egress(connect(config, egress=True, asked=args.table), args.table, args.limit)
+    name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
+    table = spark_session(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
+    ordering = list(EVENTS.gold_key) if args.table == "gold" else KAFKA_KEY_COLUMNS
+    print(f"{name}: {table.count()} rows")
+    table.orderBy(*ordering).show(args.limit, truncate=False)
+    return ExitCode.OK
+
+
+def _show_egress(config: Config, stream: str, limit: int) -> int:
+    """Print what an egress's sink holds, read back as its consumers see it (gold's columns and gold_version)."""
+    from ..pipeline.contract import EVENTS
+    from ..pipeline.egress import configured
+
+    module = configured(config)[stream]  # connect refused an egress that is off
+    rows = module.read_back(spark_session(config, "show"), config)
+    where = ", ".join(f"{key} {value}" for key, value in module.describe(config).items())
+    print(f"{stream} ({where}): {rows.count()} rows")
+    rows.orderBy(*EVENTS.gold_key).show(limit, truncate=False)
+    return ExitCode.OK

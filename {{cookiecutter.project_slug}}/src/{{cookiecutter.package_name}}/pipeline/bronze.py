@@ -1,0 +1,157 @@
+"""Bronze: Kafka records into the bronze table, raw and lossless.
+
+The source is Spark's Kafka source, reading with ``read_committed``; its offsets are written to
+the stream's offset log before a batch runs, so a replayed batch reads exactly the same records.
+Each record is kept whole (key, value, headers, Kafka timestamp) with the time it was ingested
+and its topic's id (Kafka's topic UUID, looked up before each batch: a topic created again under
+the same name is refused, see ``kafka/identity.py``). The sink is an append tagged with
+(stream id, batch id): a replayed batch finds its tag committed and appends nothing.
+
+The guards of this layer: a subscription changed in a way Spark's source would stop on at every
+start (``check_subscription``), and a lost checkpoint, after which bronze resumes after the
+offsets it holds (``resume_offsets``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from .config import Config
+from .delta.tables import BRONZE, Lakehouse
+from .delta.writes import append_idempotent
+from .kafka.clients import earliest_offsets, spark_source_options, topic_partitions
+from .kafka.identity import SourceGuard
+from .recovery import checkpoints
+from .recovery.crash_points import crash_points
+
+log = logging.getLogger(__name__)
+
+# Kafka's "earliest" in a startingOffsets JSON.
+EARLIEST = -2
+
+
+def bronze_records(kafka_rows: DataFrame) -> DataFrame:
+    """Kafka source rows, kept whole, plus the time they were ingested.
+
+    In a streaming query current_timestamp() is the micro-batch timestamp that
+    Spark records in the offset log, so a replayed batch gets the same value.
+    """
+    return kafka_rows.select(
+        "key",
+        "value",
+        "headers",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        F.col("timestampType").alias("timestamp_type"),
+        F.current_timestamp().alias("ingest_time"),
+    )
+
+
+def with_topic_ids(bronze_rows: DataFrame, topic_ids: dict[str, str]) -> DataFrame:
+    """Bronze rows with their topic's id (Kafka's topic UUID) after the topic's name, in bronze's column order.
+
+    Spark's Kafka source does not give the id; bronze looks it up per batch (kafka/identity.py).
+    """
+    ids = F.create_map(*[F.lit(part) for pair in sorted(topic_ids.items()) for part in pair])
+    topic_id = F.element_at(ids, F.col("topic")) if topic_ids else F.lit(None).cast("string")
+    columns = [c for c in bronze_rows.columns if c != "topic_id"]
+    at = columns.index("topic") + 1
+    return bronze_rows.select(*columns[:at], topic_id.alias("topic_id"), *columns[at:])
+
+
+def stream_writer(
+    spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared
+) -> DataStreamWriter:
+    """Bronze's stream, ready to start: Kafka's records appended to bronze once each.
+
+    Example::
+
+        bronze.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
+    """
+    options = spark_source_options(config)
+    resuming = checkpoints.last_planned_batch(spark, lakehouse.checkpoint("bronze")) is not None
+    sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+    if prepared.lost_checkpoint:
+        options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
+        log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
+    bronze_path = lakehouse.table(BRONZE)
+
+    def write_batch(rows: DataFrame, batch_id: int) -> None:
+        # Asked before each batch: a topic created again since the start is refused before anything is written.
+        identified = with_topic_ids(rows, sources.topic_ids())
+        with crash_points(rows.sparkSession, "bronze", batch_id):
+            append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
+
+    kafka_rows = spark.readStream.format("kafka").options(**options).load()
+    # Applied to the stream, not inside write_batch: here current_timestamp() is
+    # the batch time from the offset log, the same when the batch is replayed.
+    return bronze_records(kafka_rows).writeStream.foreachBatch(write_batch)
+
+
+def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> None:
+    """Refuse bronze when the topics changed in a way Spark's source stops on for good; name the exact way out.
+
+    Spark counts a topic dropped from the subscription as lost partitions, and an added one whose
+    first offset is above 0 as missed records: with failOnDataLoss, every start fails. An added
+    topic that starts at 0 is read from its beginning by Spark itself.
+
+    Example::
+
+        check_subscription(spark, config, Lakehouse("/data/lake"))  # or CheckpointError
+    """
+    checkpoint = lakehouse.checkpoint("bronze")
+    offsets = checkpoints.committed_offsets(spark, checkpoint)
+    if offsets is None or not config.kafka.fail_on_data_loss:
+        return
+    read, wanted = set(json.loads(offsets)), set(config.kafka.topics)
+    removed = sorted(read - wanted)
+    late = {f"{t}[{p}]": first for (t, p), first in earliest_offsets(config, sorted(wanted - read)).items() if first}
+    if not removed and not late:
+        return
+    found = []
+    if removed:
+        found.append(f"removed from kafka.topics: {', '.join(removed)}")
+    if late:
+        found.append("added above offset 0: " + ", ".join(f"{tp} starts at offset {o}" for tp, o in late.items()))
+    raise checkpoints.CheckpointError(
+        f"bronze: checkpoint {checkpoint} reads topics {sorted(read)}, but kafka.topics is {sorted(wanted)} "
+        f"({'; '.join(found)}): Spark would stop on this as lost data at every start. Way out: "
+        f"`{checkpoints.COMMAND} checkpoints reset bronze --only` (it asks first; add `--yes` when not on a "
+        f"terminal): bronze alone starts a new checkpoint that resumes each topic after the offsets bronze "
+        f"holds and reads an added topic from its first offset; a removed topic's records stay in bronze, "
+        f"silver and gold go on as they are."
+    )
+
+def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
+    """startingOffsets JSON: the next offset after what bronze holds of each topic's current id, earliest elsewhere.
+
+    Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets.
+    """
+    ingested = {}
+    if topic_ids:
+        current = reduce(
+            lambda left, right: left | right,
+            [(F.col("topic") == topic) & (F.col("topic_id") == topic_id) for topic, topic_id in topic_ids.items()],
+        )
+        ingested = {
+            (row.topic, row.partition): row.next_offset
+            for row in spark.read.format("delta")
+            .load(lakehouse.table(BRONZE))
+            .where(current)
+            .groupBy("topic", "partition")
+            .agg((F.max("offset") + 1).alias("next_offset"))
+            .collect()
+        }
+    offsets = {
+        topic: {str(p): ingested.get((topic, p), EARLIEST) for p in partitions}
+        for topic, partitions in topic_partitions(config).items()
+    }
+    return json.dumps(offsets)

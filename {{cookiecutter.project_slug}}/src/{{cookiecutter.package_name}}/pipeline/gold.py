@@ -1,0 +1,227 @@
+"""Gold: silver events counted and summed per tumbling event-time window and dimensions.
+
+The source is silver's Delta stream. Each batch is aggregated per window (``pipeline.gold_window``)
+and the contract's dimensions, then added to gold in a MERGE tagged with (stream id, batch id):
+addition is not idempotent by itself, the tag is what makes a replayed batch count nothing twice.
+The MERGE reads only the gold files holding the batch's windows.
+
+Gold's rows depend on the window size: the window gold was built with is a table property
+(``lakehouse.gold.window``), and a stream started with another one is refused
+(``window_refusal``), since it would add windows of a second size to the same table. A reset
+rebuilds gold from silver at the configured window (``rebuilt_rows``; the mechanism is in
+``recovery/rebuild.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import reduce
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from .config import Config, duration_seconds
+from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
+from .delta.tables import GOLD, Lakehouse, latest_snapshot, read_properties, set_properties
+from .delta.writes import delta_transaction, retry_conflicts, warm_up_state
+from .recovery import checkpoints
+from .recovery.crash_points import crash_points
+from .recovery.rebuild import source_stream
+from .recovery.sink_progress import record_sink_versions
+
+WINDOW_PROPERTY = "lakehouse.gold.window"
+# The gold stream's name (its checkpoint, its identity property); GOLD is its table's.
+STREAM = "gold"
+
+
+def window_aggregates(events: DataFrame, window_duration: str, contract: Contract = EVENTS) -> DataFrame:
+    """Count and measure sums per tumbling event-time window and dimension values."""
+    sums = [F.sum(measure).alias(contract.measure_column(measure)) for measure in contract.measures]
+    return (
+        events.groupBy(F.window(contract.event_time, window_duration).alias("_window"), *contract.dimensions)
+        .agg(F.count(F.lit(1)).alias(EVENT_COUNT), *sums)
+        .select(
+            F.col("_window.start").alias(WINDOW_START),
+            F.col("_window.end").alias(WINDOW_END),
+            *contract.dimensions,
+            *contract.gold_values,
+        )
+    )
+
+
+
+def _same_gold_row(contract: Contract) -> Column:
+    # An optional dimension can be null, and null = null is not true: <=> matches it.
+    nullable = {name for name in contract.dimensions if not contract.field(name).required}
+    return reduce(
+        lambda left, right: left & right,
+        [
+            F.col(f"t.{name}").eqNullSafe(F.col(f"s.{name}"))
+            if name in nullable
+            else F.col(f"t.{name}") == F.col(f"s.{name}")
+            for name in contract.gold_key
+        ],
+    )
+
+
+# A batch of scattered event times touches windows far apart; past this many ranges the
+# closest ones are joined (a wider range reads a few more files, but every range is one
+# more OR in the MERGE condition, planned and evaluated for each row).
+MAX_WINDOW_RANGES = 16
+
+
+def window_ranges(
+    starts: list[datetime], ends: list[datetime], max_ranges: int = MAX_WINDOW_RANGES
+) -> list[tuple[datetime, datetime]]:
+    """Touched windows (start, end pairs) as at most ``max_ranges`` (first start, last start) ranges.
+
+    Adjacent windows fold into one range; beyond ``max_ranges``, the ranges with the
+    smallest gaps between them are joined.
+    """
+    if len(starts) != len(ends):
+        raise ValueError(f"starts and ends must pair up, got {len(starts)} and {len(ends)}")
+    if max_ranges < 1:
+        raise ValueError(f"max_ranges must be at least 1, got {max_ranges}")
+    runs: list[list[datetime]] = []
+    for start, end in sorted(set(zip(starts, ends, strict=True))):
+        if runs and runs[-1][2] == start:
+            runs[-1][1:] = [start, end]
+        else:
+            runs.append([start, start, end])
+    if len(runs) > max_ranges:
+        gaps = sorted(range(1, len(runs)), key=lambda i: runs[i][0] - runs[i - 1][2], reverse=True)
+        splits = sorted(gaps[: max_ranges - 1])
+        bounds = zip([0, *splits], [*splits, len(runs)], strict=True)
+        runs = [[runs[first][0], runs[last - 1][1], runs[last - 1][2]] for first, last in bounds]
+    return [(first, last) for first, last, _ in runs]
+
+
+def _touched_windows(aggregates: DataFrame) -> Column | None:
+    # Target columns and literals only, so Delta skips every gold file outside the
+    # batch's windows: a late event adds its own small range, not everything since.
+    rows = aggregates.select(WINDOW_START, WINDOW_END).distinct().collect()
+    if not rows:
+        return None
+    runs = window_ranges([r[WINDOW_START] for r in rows], [r[WINDOW_END] for r in rows])
+    return reduce(
+        lambda left, right: left | right,
+        [F.col(f"t.{WINDOW_START}").between(F.lit(first), F.lit(last)) for first, last in runs],
+    )
+
+
+def add_to_windows(
+    aggregates: DataFrame, path: str, app_id: str | None, batch_id: int, contract: Contract = EVENTS
+) -> None:
+    """Add a batch's per-window counts and sums to the gold table.
+
+    Rows match on the contract's gold key (window and dimensions); event_count
+    and every measure sum are added. Addition is not idempotent by itself; the
+    transaction tag is what makes a replayed batch count nothing twice. Only the
+    gold files that hold the batch's windows are read. ``aggregates`` should be
+    cached: its windows are collected before the MERGE.
+    """
+    session = aggregates.sparkSession
+    touched = _touched_windows(aggregates)
+    if touched is None:
+        return
+    condition = _same_gold_row(contract) & touched
+
+    def merge() -> None:
+        with delta_transaction(session, app_id, batch_id):
+            (
+                DeltaTable.forPath(session, path)
+                .alias("t")
+                .merge(aggregates.alias("s"), condition)
+                .whenMatchedUpdate(set={name: F.col(f"t.{name}") + F.col(f"s.{name}") for name in contract.gold_values})
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    retry_conflicts(merge, f"{path} batch {batch_id}")
+    warm_up_state(session, path)
+
+
+
+def stream_writer(
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    prepared: checkpoints.Prepared,
+    contract: Contract = EVENTS,
+) -> DataStreamWriter:
+    """Gold's stream, ready to start: each silver batch added to its windows once.
+
+    Example::
+
+        gold.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
+    """
+    gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
+
+    def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
+        # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
+        # was a second scan per batch, and made numInputRows count the rows it read too.)
+        aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
+        try:
+            if not aggregates.isEmpty():
+                with crash_points(silver_batch.sparkSession, "gold", batch_id):
+                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+            if prepared.stream_id is not None:
+                record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
+        finally:
+            aggregates.unpersist()
+
+    return source_stream(spark, lakehouse, "gold", prepared.stream_id).writeStream.foreachBatch(write_batch)
+
+
+
+def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> str | None:
+    """Why gold's stream cannot start with ``gold_window`` (the table holds windows of another size); None if it can.
+
+    Example::
+
+        window_refusal(spark, Lakehouse("/data/lake"), "15 minutes")  # "gold: the table ... holds windows of ..."
+    """
+    configured = duration_seconds(gold_window, "pipeline.gold_window")
+    path = lakehouse.table(GOLD)
+    if latest_snapshot(spark, path).version() < 0:
+        return None
+    recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
+    if recorded is None or duration_seconds(recorded, WINDOW_PROPERTY) == configured:
+        return None
+    return (
+        f"gold: the table {path} holds windows of {recorded!r}, but pipeline.gold_window is "
+        f"{gold_window!r}: going on would add windows of a second size to the same table. Way out: "
+        f"{checkpoints.reset_command(STREAM)}: gold is rebuilt from silver at {gold_window!r} beside the "
+        f"table and replaces its rows in one commit; bronze and silver are left as they are. Or set "
+        f"pipeline.gold_window back to {recorded!r}."
+    )
+
+
+def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> None:
+    """Refuse a gold stream whose window differs from the one gold was built with; record it on a new gold.
+
+    Example::
+
+        check_window(spark, Lakehouse("/data/lake"), config.gold_window)  # or CheckpointError
+    """
+    refusal = window_refusal(spark, lakehouse, gold_window)
+    if refusal is not None:
+        raise checkpoints.CheckpointError(refusal)
+    path = lakehouse.table(GOLD)
+    if WINDOW_PROPERTY not in read_properties(spark, path):
+        # A gold from before the window was recorded: it was built with the window in use.
+        set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
+
+
+
+def rebuilt_rows(silver: DataFrame, gold_window: str, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], None]:
+    """Gold's rows rebuilt from ``silver`` (read at one version) at ``gold_window``; nothing is cached.
+
+    Example::
+
+        rows, _ = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(SILVER)), "1 minute")
+    """
+    duration_seconds(gold_window, "pipeline.gold_window")
+    return {GOLD: window_aggregates(silver, gold_window, contract)}, None

@@ -1,0 +1,317 @@
+"""Silver: bronze records parsed, typed and deduplicated; malformed ones quarantined with their reason.
+
+The source is bronze's Delta stream (its versions are the offsets in the checkpoint). Each
+batch keeps one copy per Kafka record (topic, topic id, partition, offset), parses the value
+once into a VARIANT and reads every field of the event contract (``contract.py``) from it; a
+record that fails a check goes to the quarantine table with the first reason it failed, never
+dropped. The sink inserts only the Kafka records a table does not hold yet, in a MERGE tagged
+with (stream id, batch id) and restricted to the batch's offset ranges, so a replay or a
+re-ingested record adds nothing and the cost follows the batch, not the table.
+
+A reset rebuilds silver and quarantine from bronze under the current contract
+(``rebuilt_rows``; the mechanism is in ``recovery/rebuild.py``).
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from .contract import (
+    EVENTS,
+    NOT_AN_OBJECT,
+    NOT_JSON,
+    NOT_UTF8,
+    TOMBSTONE,
+    Contract,
+    Field,
+    Kind,
+    Rule,
+)
+from .delta.tables import KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
+from .delta.writes import delta_transaction, retry_conflicts, warm_up_state
+from .monitoring import QUARANTINE_ALERT_SHARE, report_quarantine
+from .recovery import checkpoints
+from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
+from .recovery.rebuild import source_stream
+from .recovery.sink_progress import record_sink_versions
+
+# The sample contract demands an explicit offset: a bare local time is ambiguous.
+ISO_8601_WITH_OFFSET = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
+# JSON types as schema_of_variant names them.
+NUMERIC_JSON_TYPES = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL\(\d+,\d+\))$"
+# Numbers without a fraction: parse_json keeps 3.0, and integers beyond 64 bits, as DECIMAL(p,0).
+INTEGER_JSON_TYPES = r"^(TINYINT|SMALLINT|INT|BIGINT|DECIMAL\(\d+,0\))$"
+# A DECIMAL field's value is also read this wide: if the two differ, reading it
+# into the field's type rounded it, and the record is refused.
+WIDE_DECIMAL_SCALE = 18
+
+
+
+def first_per_kafka_record(rows: DataFrame) -> DataFrame:
+    """One row per Kafka record (topic, topic id, partition, offset): the earliest ingested copy.
+
+    Bronze can hold the same Kafka record twice after a re-ingestion; the copies
+    are identical but for ingest_time, and picking the earliest keeps the choice
+    deterministic when a batch is replayed.
+    """
+    earliest_first = Window.partitionBy(*KAFKA_KEY_COLUMNS).orderBy(F.col("ingest_time").asc())
+    return rows.withColumn("_copy", F.row_number().over(earliest_first)).where("_copy = 1").drop("_copy")
+
+
+def _json_type(field: Field) -> str:
+    """Working column: the field's JSON type as schema_of_variant names it (null if absent)."""
+    return f"_json_type_{field.name}"
+
+
+def _text(field: Field) -> str:
+    """Working column: a TIMESTAMP field's JSON string."""
+    return f"_text_{field.name}"
+
+
+def _wide(field: Field) -> str:
+    """Working column: a DECIMAL field's value read with more digits than it keeps."""
+    return f"_wide_{field.name}"
+
+
+def _read_fields(contract: Contract) -> dict[str, Column]:
+    """Each field's JSON type and value, read out of the parsed document ``_doc``.
+
+    try_variant_get never fails a batch: a value that cannot be read is null, and
+    the checks tell why.
+    """
+    doc = F.col("_doc")
+    columns: dict[str, Column] = {}
+    for field in contract.fields:
+        path = f"$.{field.name}"
+        columns[_json_type(field)] = F.schema_of_variant(F.try_variant_get(doc, path, "variant"))
+        if field.kind is Kind.TIMESTAMP:
+            columns[_text(field)] = F.try_variant_get(doc, path, "string")
+        else:
+            columns[field.name] = F.try_variant_get(doc, path, field.spark_type.simpleString())
+        if field.kind is Kind.DECIMAL:
+            wide_scale = max(WIDE_DECIMAL_SCALE, field.scale)
+            columns[_wide(field)] = F.try_variant_get(doc, path, f"decimal(38,{wide_scale})")
+    return columns
+
+
+def _failed(rule: Rule, field: Field) -> Column:
+    """True when ``field`` of a record fails ``rule``."""
+    json_type, value = F.col(_json_type(field)), F.col(field.name)
+    absent = json_type.isNull() | (json_type == "VOID")
+    match rule:
+        case Rule.MISSING:
+            return absent
+        case Rule.NOT_A_STRING:
+            failed = json_type != "STRING"
+        case Rule.EMPTY:
+            failed = F.length(F.trim(value)) == 0
+        case Rule.NOT_A_TIMESTAMP:
+            failed = ~F.col(_text(field)).rlike(ISO_8601_WITH_OFFSET) | value.isNull()
+        case Rule.NOT_A_NUMBER:
+            failed = ~json_type.rlike(NUMERIC_JSON_TYPES)
+        case Rule.NOT_AN_INTEGER:
+            failed = ~json_type.rlike(INTEGER_JSON_TYPES)
+        case Rule.DOES_NOT_FIT if field.kind is Kind.DECIMAL:
+            # A value that would need rounding or overflow is refused, never altered.
+            failed = value.isNull() | (value != F.col(_wide(field)))
+        case Rule.DOES_NOT_FIT:
+            failed = value.isNull()
+        case Rule.NOT_A_BOOLEAN:
+            failed = json_type != "BOOLEAN"
+    # An optional field that is absent (or JSON null) is valid, and null in silver.
+    return ~absent & failed
+
+
+def _rejection_reason(contract: Contract) -> Column:
+    """The first check a record fails, or null for a valid event."""
+    checks: list[tuple[Column, Column]] = [
+        (F.col("value").isNull(), F.lit(TOMBSTONE)),
+        (~F.is_valid_utf8(F.col("value").cast("string")), F.lit(NOT_UTF8)),
+        (F.col("_doc").isNull(), F.lit(NOT_JSON)),
+        (~F.schema_of_variant(F.col("_doc")).startswith("OBJECT<"), F.lit(NOT_AN_OBJECT)),
+    ]
+    for rule, field in contract.checks():
+        reason = F.lit(rule.message(field))
+        if rule.appends_json_type:
+            reason = F.concat(reason, F.col(_json_type(field)))
+        checks.append((_failed(rule, field), reason))
+    return F.coalesce(*[F.when(failed, reason) for failed, reason in checks])
+
+
+def parse_events(bronze: DataFrame, contract: Contract = EVENTS) -> DataFrame:
+    """Bronze rows plus one typed column per contract field and `reason` (null when the event is valid).
+
+    The value is parsed once, into a VARIANT, and every field is read from that.
+    """
+    read = _read_fields(contract)
+    timestamps = {
+        field.name: F.try_to_timestamp(F.col(_text(field))) for field in contract.fields if field.kind is Kind.TIMESTAMP
+    }
+    parsed = (
+        bronze.withColumns({"_doc": F.try_parse_json(F.col("value").cast("string"))})
+        .withColumns(read)
+        .withColumns(timestamps)
+        .withColumns({"reason": _rejection_reason(contract)})
+    )
+    return parsed.select(*bronze.columns, *contract.names, "reason")
+
+
+def valid_events(parsed: DataFrame, contract: Contract = EVENTS) -> DataFrame:
+    """The silver rows: contract fields in declaration order, then the Kafka coordinates.
+
+    Required fields are never null here (a record lacking one has a reason), but
+    Spark cannot know it: the columns are nullable in the DataFrame, and the silver
+    table's NOT NULL constraints are checked when the rows are written.
+    """
+    return parsed.where(F.col("reason").isNull()).select(
+        *contract.names,
+        "topic",
+        "topic_id",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafka_timestamp"),
+        "ingest_time",
+    )
+
+
+def quarantined_records(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.col("reason").isNotNull()).select(
+        "topic",
+        "topic_id",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafka_timestamp"),
+        "key",
+        "value",
+        "headers",
+        "reason",
+        "ingest_time",
+    )
+
+
+
+def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
+    """(topic, topic_id, partition, first_offset, last_offset, records, *aggregates) of a batch, per partition."""
+    return (
+        rows.groupBy("topic", "topic_id", "partition")
+        .agg(
+            F.min("offset").alias("first_offset"),
+            F.max("offset").alias("last_offset"),
+            F.count(F.lit(1)).alias("records"),
+            *aggregates,
+        )
+        .collect()
+    )
+
+
+def _target_range_predicate(ranges: list[Row]) -> Column:
+    # Only target columns and literals: Delta uses it to skip every file whose
+    # offset statistics fall outside the batch, so the MERGE cost follows the
+    # batch size, not the table size.
+    return reduce(
+        lambda left, right: left | right,
+        [
+            (F.col("t.topic") == F.lit(r.topic))
+            & (F.col("t.topic_id") == F.lit(r.topic_id))
+            & (F.col("t.partition") == F.lit(r.partition))
+            & F.col("t.offset").between(F.lit(r.first_offset), F.lit(r.last_offset))
+            for r in ranges
+        ],
+    )
+
+
+def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int) -> None:
+    """Insert the rows whose (topic, topic_id, partition, offset) the table does not hold yet."""
+    if not ranges:
+        return
+    condition = (
+        (F.col("t.topic") == F.col("s.topic"))
+        & (F.col("t.topic_id") == F.col("s.topic_id"))
+        & (F.col("t.partition") == F.col("s.partition"))
+        & (F.col("t.offset") == F.col("s.offset"))
+        & _target_range_predicate(ranges)
+    )
+    session = rows.sparkSession
+
+    def merge() -> None:
+        with delta_transaction(session, app_id, batch_id):
+            (
+                DeltaTable.forPath(session, path)
+                .alias("t")
+                .merge(rows.alias("s"), condition)
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    retry_conflicts(merge, f"{path} batch {batch_id}")
+    warm_up_state(session, path)
+
+
+
+def stream_writer(
+    spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract = EVENTS
+) -> DataStreamWriter:
+    """Silver's stream, ready to start: each bronze batch parsed into silver and quarantine once.
+
+    Example::
+
+        silver.stream_writer(spark, lakehouse, prepared).option("checkpointLocation", ...).start()
+    """
+    silver_path, quarantine_path = lakehouse.table(SILVER), lakehouse.table(QUARANTINE)
+    checkpoint, sinks = lakehouse.checkpoint("silver"), {SILVER: silver_path, QUARANTINE: quarantine_path}
+
+    def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
+        parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
+        try:
+            with crash_points(bronze_batch.sparkSession, "silver", batch_id):
+                ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
+                rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
+                if rejected:
+                    report_quarantine("silver", batch_id, records, rejected, _reasons(parsed, rejected, records))
+                # Two tables, two commits: each is idempotent on its own, so a crash
+                # between them is repaired by the replay writing only the second. A table
+                # with nothing to insert is left alone (a replay finds nothing either):
+                # a MERGE costs about a second even when its source is empty.
+                if rejected < records:
+                    insert_new_kafka_records(
+                        valid_events(parsed, contract), silver_path, ranges, prepared.stream_id, batch_id
+                    )
+                if rejected:
+                    reach("silver", BETWEEN_SINK_COMMITS, batch_id)
+                    insert_new_kafka_records(
+                        quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
+                    )
+            if prepared.stream_id is not None:
+                record_sink_versions(bronze_batch.sparkSession, checkpoint, batch_id, sinks)
+        finally:
+            parsed.unpersist()
+
+    return source_stream(spark, lakehouse, "silver", prepared.stream_id).writeStream.foreachBatch(write_batch)
+
+
+
+def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
+    # Counted only when the share calls for a look (one more small job); a few malformed records are normal.
+    if rejected < records * QUARANTINE_ALERT_SHARE:
+        return {}
+    counts = parsed.where(F.col("reason").isNotNull()).groupBy("reason").count().orderBy(F.desc("count")).limit(5)
+    return {row.reason: row["count"] for row in counts.collect()}
+
+
+
+def rebuilt_rows(bronze: DataFrame, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], DataFrame]:
+    """Silver's and quarantine's rows rebuilt from ``bronze`` (read at one version), and the cached parse.
+
+    Parsed once for both tables: the caller unpersists the second element when both are written.
+
+    Example::
+
+        rows, cached = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(BRONZE)))
+    """
+    parsed = parse_events(first_per_kafka_record(bronze), contract).persist()
+    return {SILVER: valid_events(parsed, contract), QUARANTINE: quarantined_records(parsed)}, parsed
