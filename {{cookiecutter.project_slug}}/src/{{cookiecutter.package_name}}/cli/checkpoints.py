@@ -14,6 +14,7 @@ from ..pipeline.egress import configured, installed_names
 from ..pipeline.egress import stream as egress_stream
 from ..pipeline.recovery import checkpoints, rebuild
 from ..pipeline.recovery.lease import LeaseHeld, holding, read_lease
+from ..pipeline.refusals import Refusal
 from .connect import spark_session
 from .exit_codes import ExitCode
 
@@ -134,11 +135,8 @@ def reset_checkpoints(
     )
     if not yes:
         if not sys.stdin.isatty():
-            print(
-                f"refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so "
-                f"nothing can ask; run `checkpoints reset {stream}{' --only' if only else ''} --yes` to do it.",
-                file=sys.stderr,
-            )
+            target = f"{stream}{' --only' if only else ''}"
+            print(Refusal.RESET_UNCONFIRMED.message(stream, names=names, what=what, target=target), file=sys.stderr)
             return ExitCode.REFUSED
         answer = input(f"This will {what}.\nReset {names}? Type 'yes' to go on: ")
         if answer.strip().lower() != "yes":

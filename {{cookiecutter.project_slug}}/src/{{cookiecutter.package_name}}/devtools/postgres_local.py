@@ -6,7 +6,6 @@ the owner-only password files of the superuser `postgres` and of the application
 which owns the database `lakehouse`. Clients connect over TCP with SCRAM-SHA-256.
 
     from pathlib import Path
-    from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
 
     server = LocalPostgres(Path(".postgres-local"))
     dsn = server.start()  # "host=127.0.0.1 port=54321 dbname=lakehouse user=pipeline"

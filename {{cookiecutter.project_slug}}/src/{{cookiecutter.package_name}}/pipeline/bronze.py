@@ -29,6 +29,7 @@ from .kafka.clients import earliest_offsets, spark_source_options, topic_partiti
 from .kafka.identity import SourceGuard
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
+from .refusals import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +123,11 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
     if late:
         found.append("added above offset 0: " + ", ".join(f"{tp} starts at offset {o}" for tp, o in late.items()))
     raise checkpoints.CheckpointError(
-        f"bronze: checkpoint {checkpoint} reads topics {sorted(read)}, but kafka.topics is {sorted(wanted)} "
-        f"({'; '.join(found)}): Spark would stop on this as lost data at every start. Way out: "
-        f"`{checkpoints.COMMAND} checkpoints reset bronze --only` (it asks first; add `--yes` when not on a "
-        f"terminal): bronze alone starts a new checkpoint that resumes each topic after the offsets bronze "
-        f"holds and reads an added topic from its first offset; a removed topic's records stay in bronze, "
-        f"silver and gold go on as they are."
+        Refusal.SUBSCRIPTION_CHANGED.message(
+            "bronze", checkpoint=checkpoint, read=sorted(read), wanted=sorted(wanted), changes="; ".join(found)
+        )
     )
+
 
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
     """startingOffsets JSON: the next offset after what bronze holds of each topic's current id, earliest elsewhere.

@@ -30,6 +30,7 @@ from .recovery import checkpoints
 from .recovery.crash_points import crash_points
 from .recovery.rebuild import source_stream
 from .recovery.sink_progress import record_sink_versions
+from .refusals import Refusal
 
 WINDOW_PROPERTY = "lakehouse.gold.window"
 # The gold stream's name (its checkpoint, its identity property); GOLD is its table's.
@@ -190,13 +191,7 @@ def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) 
     recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
     if recorded is None or duration_seconds(recorded, WINDOW_PROPERTY) == configured:
         return None
-    return (
-        f"gold: the table {path} holds windows of {recorded!r}, but pipeline.gold_window is "
-        f"{gold_window!r}: going on would add windows of a second size to the same table. Way out: "
-        f"{checkpoints.reset_command(STREAM)}: gold is rebuilt from silver at {gold_window!r} beside the "
-        f"table and replaces its rows in one commit; bronze and silver are left as they are. Or set "
-        f"pipeline.gold_window back to {recorded!r}."
-    )
+    return Refusal.GOLD_WINDOW_CHANGED.message(STREAM, path=path, recorded=recorded, configured=gold_window)
 
 
 def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> None:

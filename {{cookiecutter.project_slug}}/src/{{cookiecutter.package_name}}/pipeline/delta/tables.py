@@ -33,6 +33,7 @@ from pyspark.sql.types import (
 )
 
 from ..contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
+from ..refusals import Refusal
 from . import files
 
 BRONZE = "bronze_events"
@@ -293,15 +294,13 @@ def check_schema(name: str, path: str, expected: StructType, found: StructType) 
         return
     if name == BRONZE:
         # Not made from the contract: a bronze table of another layout is another pipeline's.
-        raise TableSchemaError(f"{name} at {path} has another layout than this pipeline's: {'; '.join(differences)}")
-    if name == GOLD:
-        stream, rebuilt = "gold", "gold is rebuilt from silver"
-    else:
-        stream, rebuilt = "silver", "silver and quarantine are rebuilt from bronze and gold from silver"
+        raise TableSchemaError(
+            Refusal.FOREIGN_BRONZE.message(name, table=name, path=path, differences="; ".join(differences))
+        )
+    # Silver and quarantine are rebuilt together from bronze (and gold with them); gold alone from silver.
+    stream = "gold" if name == GOLD else "silver"
     raise TableSchemaError(
-        f"{name} at {path} was made for another event contract: {'; '.join(differences)}. Way out, to apply "
-        f"the contract: `{{ cookiecutter.project_slug }} checkpoints reset {stream}` (it asks first; add `--yes` "
-        f"when not on a terminal): {rebuilt} under it, each beside its table and swapped in by one commit."
+        Refusal.CONTRACT_CHANGED.message(name, stream=stream, table=name, path=path, differences="; ".join(differences))
     )
 
 

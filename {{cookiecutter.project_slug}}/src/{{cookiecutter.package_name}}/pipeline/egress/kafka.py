@@ -39,8 +39,9 @@ from ..config import TOPIC_PATTERN, Config, ConfigError
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
 from ..kafka.clients import client_config
-from ..recovery.checkpoints import CheckpointError, last_planned_batch, reset_command
+from ..recovery.checkpoints import CheckpointError, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
+from ..refusals import Refusal
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
@@ -381,11 +382,15 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     if committed is not None and (planned is None or committed > planned):
         egress.close()
         raise CheckpointError(
-            f"{STREAM}: topic {egress.settings.topic} has batch {committed} of stream {stream_id} committed "
-            f"(consumer group {marker_group(stream_id)}), but checkpoint {lakehouse.checkpoint(STREAM)} is behind "
-            f"it (last planned batch {planned}): the checkpoint is older than the topic. Way out: "
-            f"{reset_command(STREAM)}: a new stream id publishes gold's current rows as a new changelog, with "
-            "tombstones for rows gold no longer has, so consumers folding by key end at gold."
+            Refusal.KAFKA_MARKER_AHEAD.message(
+                STREAM,
+                topic=egress.settings.topic,
+                batch=committed,
+                stream_id=stream_id,
+                group=marker_group(stream_id),
+                checkpoint=lakehouse.checkpoint(STREAM),
+                planned=planned,
+            )
         )
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:

@@ -25,8 +25,9 @@ from pyspark.sql import functions as F
 from ..config import Config, ConfigError, secret
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
-from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch, reset_command
+from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
+from ..refusals import Refusal
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,9 @@ class PostgresEgress:
                 if found != expected:
                     tables = ", ".join(layout.qualified(suffix) for suffix in TABLES.values())
                     raise TableSchemaError(
-                        f"{STREAM}: {layout.qualified(TABLES[part])} has columns {found}, gold's contract gives it "
-                        f"{expected}. Way out: drop {tables}, then {reset_command(STREAM)}: they are made again."
+                        Refusal.POSTGRES_TABLE_LAYOUT.message(
+                            STREAM, table=layout.qualified(TABLES[part]), found=found, expected=expected, tables=tables
+                        )
                     )
 
     def committed_batch(self) -> int | None:
@@ -387,10 +389,17 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     behind = done is not None and (marker is None or marker < done)
     if ahead or behind:
         raise CheckpointError(
-            f"{STREAM}: {egress.layout.qualified(MARKER)} records batch {marker} of stream {stream_id}, checkpoint "
-            f"{checkpoint} planned batch {planned} and committed {done}: the {'checkpoint' if ahead else 'table'} is "
-            f"older than the {'table' if ahead else 'checkpoint'} (restored, dropped or emptied by another stream id's "
-            f"batch 0). Way out: {reset_command(STREAM)}: a new stream id mirrors gold again from its current rows."
+            Refusal.POSTGRES_MARKER_MISMATCH.message(
+                STREAM,
+                marker=egress.layout.qualified(MARKER),
+                batch=marker,
+                stream_id=stream_id,
+                checkpoint=checkpoint,
+                planned=planned,
+                committed=done,
+                older="checkpoint" if ahead else "table",
+                newer="table" if ahead else "checkpoint",
+            )
         )
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:

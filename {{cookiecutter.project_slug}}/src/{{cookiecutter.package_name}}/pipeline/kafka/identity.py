@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from ..config import Config
 from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
 from ..recovery import checkpoints
+from ..refusals import Refusal
 from .clients import Sources, bootstrap_servers, describe_sources
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,11 @@ def changes(recorded: Sources, current: Sources) -> list[str]:
 
 
 def refusal(config: Config, lakehouse: Lakehouse, found: list[str]) -> str:
-    return (
-        f"bronze: {'; '.join(found)}, at {bootstrap_servers(config)}. The checkpoint "
-        f"{lakehouse.checkpoint('bronze')} holds offsets of what bronze read before, and offsets start again "
-        f"at 0 in a new topic: resuming would skip the new records or take them for others. Way out: "
-        f"`{checkpoints.COMMAND} checkpoints reset bronze --only` (it asks first; add `--yes` when not on a "
-        f"terminal): bronze starts a new checkpoint that reads each new topic from its first offset and "
-        f"resumes the others after the offsets it holds; every record already in bronze, silver and gold "
-        f"stays, and silver keeps old and new records apart by topic id. If kafka.bootstrap_servers points "
-        f"at the wrong cluster, set it back instead."
+    return Refusal.SOURCE_CHANGED.message(
+        "bronze",
+        changes="; ".join(found),
+        bootstrap=bootstrap_servers(config),
+        checkpoint=lakehouse.checkpoint("bronze"),
     )
 
 

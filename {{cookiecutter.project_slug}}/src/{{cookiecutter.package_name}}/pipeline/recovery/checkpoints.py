@@ -55,6 +55,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
+from ..refusals import Refusal
 from .sink_progress import (
     IDENTITY_PROPERTY,
     TXN_RETENTION_PROPERTY,
@@ -63,7 +64,6 @@ from .sink_progress import (
     recorded_sink_versions,
 )
 
-COMMAND = "{{ cookiecutter.project_slug }}"
 # Sinks written by every batch of their stream, even an empty one (bronze appends
 # an empty batch too: Delta commits it with its txn). Their txn must reach the
 # last committed batch; the other sinks skip batches with nothing for them, so a
@@ -131,14 +131,12 @@ class StreamState:
         return self._diagnosis()[1]
 
     def _diagnosis(self) -> tuple[Status, str | None]:
-        stream, found = self.stream, f"checkpoint {self.checkpoint}"
+        stream, checkpoint = self.stream, self.checkpoint
         progress = f"last planned batch {self.last_planned}, last committed batch {self.last_committed}"
         for sink in self.sinks.values():
             if sink.rebuilding is not None:
-                return Status.REBUILD_CUT_SHORT, (
-                    f"{stream}: a reset that rebuilds {', '.join(self.sinks)} was cut short ({sink.table} at "
-                    f"{sink.path} still carries the mark of rebuild {sink.rebuilding}): its tables may hold "
-                    f"rows of the rebuild and of before it. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                return Status.REBUILD_CUT_SHORT, Refusal.REBUILD_CUT_SHORT.message(
+                    stream, tables=", ".join(self.sinks), table=sink.table, path=sink.path, rebuild=sink.rebuilding
                 )
         if self.stream_id is None:
             return (Status.LOST if any(self.has_rows.values()) else Status.NEW), None
@@ -146,84 +144,72 @@ class StreamState:
         if any(value not in (None, self.stream_id) for value in recorded.values()) or (
             self.last_committed is not None and any(value is None for value in recorded.values())
         ):
-            return Status.MISMATCH, (
-                f"{stream}: {found} (stream id {self.stream_id}, last batch {self.last_committed}) does not "
-                f"match the tables it writes (recorded ids {recorded}): the checkpoint was swapped or a table "
-                f"replaced, and resuming would skip or repeat records. Way out: {reset_command(stream)}."
+            return Status.MISMATCH, Refusal.MISMATCH.message(
+                stream,
+                checkpoint=checkpoint,
+                stream_id=self.stream_id,
+                last_batch=self.last_committed,
+                recorded=recorded,
             )
         for sink in self.sinks.values():
             if sink.txn_retention is not None:
-                return Status.TXN_RETENTION_SET, (
-                    f"{stream}: sink table {sink.table} at {sink.path} sets {TXN_RETENTION_PROPERTY} = "
-                    f"{sink.txn_retention}: Delta then forgets the (stream id, batch id) records that make a "
-                    f"replayed batch a no-op, and a replay older than that is written twice. Way out: run "
-                    f"ALTER TABLE delta.`{sink.path}` UNSET TBLPROPERTIES ('{TXN_RETENTION_PROPERTY}') "
-                    f"(spark-sql or spark.sql), then start again."
+                return Status.TXN_RETENTION_SET, Refusal.TXN_RETENTION_SET.message(
+                    stream, table=sink.table, path=sink.path, property=TXN_RETENTION_PROPERTY, value=sink.txn_retention
                 )
         for sink in self.sinks.values():
             if sink.undone_by is not None:
                 undo = sink.undone_by
-                first = 0 if undo.after is None else undo.after + 1
-                return Status.TABLE_RESTORED, (
-                    f"{stream}: sink table {sink.table} at {sink.path} was restored (RESTORE at table version "
-                    f"{undo.at_version} to version {undo.to_version}), undoing its commits of batches "
-                    f"{first}..{undo.before} of stream {self.stream_id}, while {found} has them committed "
-                    f"({progress}): resuming would never write them again. Way out: "
-                    f"{reset_command(stream)}: {_rebuilds(stream)}."
+                return Status.TABLE_RESTORED, Refusal.TABLE_RESTORED.message(
+                    stream,
+                    table=sink.table,
+                    path=sink.path,
+                    at_version=undo.at_version,
+                    to_version=undo.to_version,
+                    first=0 if undo.after is None else undo.after + 1,
+                    last=undo.before,
+                    stream_id=self.stream_id,
+                    checkpoint=checkpoint,
+                    progress=progress,
                 )
         for sink in self.sinks.values():
             if sink.txn_batch is not None and (self.last_planned is None or sink.txn_batch > self.last_planned):
-                return Status.TABLE_AHEAD, (
-                    f"{stream}: sink table {sink.table} at {sink.path} has committed batch {sink.txn_batch} of "
-                    f"stream {self.stream_id}, but {found} is behind it ({progress}): the checkpoint is older "
-                    f"than the table (restored from an older copy, or offsets/ and commits/ deleted). Spark "
-                    f"would re-plan those batch ids with other boundaries and Delta would skip them as already "
-                    f"written. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                return Status.TABLE_AHEAD, Refusal.TABLE_AHEAD.message(
+                    stream,
+                    table=sink.table,
+                    path=sink.path,
+                    batch=sink.txn_batch,
+                    stream_id=self.stream_id,
+                    checkpoint=checkpoint,
+                    progress=progress,
                 )
         for sink in self.sinks.values():
             recorded = self.recorded_versions.get(sink.table)
             if recorded is not None and (sink.version is None or sink.version < recorded):
-                return Status.TABLE_BEHIND, (
-                    f"{stream}: sink table {sink.table} at {sink.path} is at version {sink.version}, but it was "
-                    f"at version {recorded} after batch {self.last_committed}, the last {found} has committed: "
-                    f"the table is older than the checkpoint (replaced by an older copy), and resuming would "
-                    f"never write what it lost. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                return Status.TABLE_BEHIND, Refusal.VERSION_BEHIND.message(
+                    stream,
+                    table=sink.table,
+                    path=sink.path,
+                    version=sink.version,
+                    recorded=recorded,
+                    batch=self.last_committed,
+                    checkpoint=checkpoint,
                 )
             if sink.table not in EVERY_BATCH_SINKS or self.last_committed is None:
                 continue
             if sink.txn_batch is None or sink.txn_batch < self.last_committed:
-                return Status.TABLE_BEHIND, (
-                    f"{stream}: sink table {sink.table} at {sink.path} has committed only batch "
-                    f"{sink.txn_batch} of stream {self.stream_id}, but {found} has more ({progress}): the table "
-                    f"is older than the checkpoint (replaced by an older copy), and resuming would never write "
-                    f"the missing batches. Way out: {reset_command(stream)}: {_rebuilds(stream)}."
+                return Status.TABLE_BEHIND, Refusal.BATCHES_MISSING.message(
+                    stream,
+                    table=sink.table,
+                    path=sink.path,
+                    batch=sink.txn_batch,
+                    stream_id=self.stream_id,
+                    checkpoint=checkpoint,
+                    progress=progress,
                 )
         planned_written = any(sink.txn_batch == self.last_planned for sink in self.sinks.values())
         if self.last_planned is not None and self.last_planned != self.last_committed and planned_written:
             return Status.REPLAY_PENDING, None
         return (Status.OK if self.last_planned is not None or self.last_committed is not None else Status.NEW), None
-
-
-def reset_command(stream: str) -> str:
-    """The exact command that resets ``stream`` and everything downstream of it.
-
-    Example::
-
-        reset_command("gold")  # "`<slug> checkpoints reset gold` (asks first; `--yes` ...)"
-    """
-    if not stream:
-        raise ValueError("stream must be a stream name, e.g. 'gold'")
-    return f"`{COMMAND} checkpoints reset {stream}` (it asks first; add `--yes` when not on a terminal)"
-
-
-def _rebuilds(stream: str) -> str:
-    return {
-        "bronze": "bronze resumes after the Kafka offsets it already holds; silver and quarantine are rebuilt "
-        "from bronze and gold from silver, each beside its table and swapped in by one commit",
-        "silver": "silver and quarantine are rebuilt from bronze and gold from silver, each beside its table "
-        "and swapped in by one commit",
-        "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
-    }.get(stream, "the stream and everything downstream start over consistently")
 
 
 def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> StreamState:
@@ -276,9 +262,7 @@ def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepar
     lost = state.status is Status.LOST
     if lost and stream.rebuilt_from_source:
         raise CheckpointError(
-            f"{stream.name}: checkpoint {state.checkpoint} is missing while {', '.join(stream.sinks)} "
-            f"already holds aggregates; starting over would count them twice. Way out: "
-            f"{reset_command(stream.name)}: {_rebuilds(stream.name)}."
+            Refusal.CHECKPOINT_LOST.message(stream.name, checkpoint=state.checkpoint, tables=", ".join(stream.sinks))
         )
     stream_id = state.stream_id or create_stream_id(spark, state.checkpoint)
     for name, path in state.tables.items():
@@ -326,11 +310,7 @@ def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = No
     if stream_id is None:
         name = stream or checkpoint.rstrip("/").rsplit("/", 1)[-1]
         found = "empty" if not text.strip() else f"not a stream id: {text[:80]!r}"
-        raise CheckpointError(
-            f"{name}: the checkpoint metadata file {path} is {found} (a write cut short, or edited): "
-            f"the stream's id, which binds the checkpoint to its tables, is unknown. Way out: "
-            f"{reset_command(name)}: {_rebuilds(name)}."
-        )
+        raise CheckpointError(Refusal.METADATA_UNREADABLE.message(name, path=path, what=found))
     return stream_id
 
 

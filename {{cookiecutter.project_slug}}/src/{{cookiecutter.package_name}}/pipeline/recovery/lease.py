@@ -50,6 +50,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import Lakehouse
+from ..refusals import Refusal
 from .checkpoints import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -216,9 +217,7 @@ def acquire(
             # watcher has not released yet, so do it now rather than refuse ourselves.
             mine.release()
         else:
-            raise LeaseHeld(
-                f"{stream}: this process already runs the stream (lease {path}); stop that query first. {way_out}"
-            )
+            raise LeaseHeld(Refusal.LEASE_OWN.message(stream, then=way_out, path=path))
     found = _read(spark, path)
     status = _status(found)
     if status is LeaseStatus.HELD:
@@ -272,14 +271,18 @@ def holding(spark: SparkSession, lakehouse: Lakehouse, streams: list[str], way_o
 
 def _held_message(stream: str, path: str, found: LeaseRecord | None, way_out: str) -> str:
     if found is None:
-        return f"{stream}: another process took the lease {path} at the same moment; try again. {way_out}"
-    expires = time.strftime("%H:%M:%S", time.localtime(found.renewed_ms / 1000 + found.ttl_s))
-    return (
-        f"{stream}: another process runs this stream: lease {path} is held by {found.describe()}, renewed "
-        f"{(_now_ms() - found.renewed_ms) / 1000:.0f} s ago. Stop it first: `kill -TERM {found.pid}` on host "
-        f"{found.host} (it stops after its current batch). If it is gone, the lease expires at {expires} (ttl "
-        f"{found.ttl_s:.0f} s); a process on this host that died frees it at once. {way_out}"
-    ).strip()
+        return Refusal.LEASE_RACE.message(stream, then=way_out, path=path)
+    return Refusal.LEASE_HELD.message(
+        stream,
+        then=way_out,
+        path=path,
+        holder=found.describe(),
+        age=f"{(_now_ms() - found.renewed_ms) / 1000:.0f}",
+        pid=found.pid,
+        host=found.host,
+        expires=time.strftime("%H:%M:%S", time.localtime(found.renewed_ms / 1000 + found.ttl_s)),
+        ttl=f"{found.ttl_s:.0f}",
+    )
 
 
 def _status(record: LeaseRecord | None) -> LeaseStatus:

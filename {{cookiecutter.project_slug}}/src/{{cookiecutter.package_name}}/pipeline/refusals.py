@@ -1,0 +1,376 @@
+"""Every way the pipeline refuses to start or reset: what it found, why going on would break
+exactly-once, and the command that gets out of it. One catalogue, used by the code that refuses.
+
+Each refusal is a member of ``Refusal``. The code that refuses renders it with the facts it found::
+
+    raise CheckpointError(Refusal.TABLE_AHEAD.message("gold", table=..., path=..., ...))
+
+and the runbook's section "When the pipeline refuses to start" (``docs/runbook.md``) is this
+catalogue rendered by ``runbook`` (a test compares the two), so a refusal and its explanation
+cannot drift apart. Every refusal exits with code 3 from the command line.
+
+This module imports nothing of the pipeline: every layer can use it.
+"""
+
+from __future__ import annotations
+
+import string
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from importlib.metadata import entry_points
+
+PACKAGE = __package__.partition(".")[0]
+# The runbook's section is written between these lines.
+RUNBOOK_BEGIN = "<!-- refusals: generated from pipeline/refusals.py; a test compares them -->"
+RUNBOOK_END = "<!-- end of refusals -->"
+
+# What a reset rebuilds, by the stream reset: the end of most ways out.
+REBUILDS = {
+    "bronze": "bronze resumes after the Kafka offsets it already holds; silver and quarantine are rebuilt "
+    "from bronze and gold from silver, each beside its table and swapped in",
+    "silver": "silver and quarantine are rebuilt from bronze and gold from silver, each beside its table "
+    "and swapped in",
+    "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
+}
+OTHER_STREAM_REBUILDS = "the stream and everything downstream start over consistently"
+
+
+@cache
+def console_command() -> str:
+    """The command a user types to run this project: its console script, or ``python -m`` without one.
+
+    Example::
+
+        console_command()  # "clickstream-lakehouse"
+    """
+    for script in entry_points(group="console_scripts"):
+        if script.value.partition(":")[0] == f"{PACKAGE}.cli":
+            return script.name
+    return f"python -m {PACKAGE}"
+
+
+def reset_command(stream: str, only: bool = False, command: str | None = None) -> str:
+    """The exact command that resets ``stream`` and everything downstream of it (``only``: it alone).
+
+    ``command`` is the console script to show (default: this project's; "" for none).
+
+    Example::
+
+        reset_command("gold")  # "`<slug> checkpoints reset gold` (it asks first; add `--yes` ...)"
+    """
+    if not stream:
+        raise ValueError("stream must be a stream name, e.g. 'gold'")
+    command = console_command() if command is None else command
+    prefix = f"{command} " if command else ""
+    return (
+        f"`{prefix}checkpoints reset {stream}{' --only' if only else ''}` "
+        "(it asks first; add `--yes` when not on a terminal)"
+    )
+
+
+def rebuilds(stream: str) -> str:
+    """What a reset of ``stream`` does to the tables, in a sentence."""
+    return REBUILDS.get(stream, OTHER_STREAM_REBUILDS)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One refusal: its title in the runbook, what usually causes it, and its two templates.
+
+    ``found`` and ``way_out`` are ``str.format`` templates over the facts the refusing code passes,
+    plus ``reset`` (the reset command of the subject), ``reset_only`` (the same with ``--only``) and
+    ``rebuilds`` (what that reset rebuilds). ``egress`` names the egress stream an entry belongs to:
+    a project without that egress never meets it.
+    """
+
+    title: str
+    happened: str
+    found: str
+    way_out: str
+    status: str | None = None
+    egress: str | None = None
+    # False when ``found`` names its subject itself (a table refusal reads "silver_events at ... was made ...").
+    prefixed: bool = True
+
+    def fields(self) -> set[str]:
+        return {
+            name
+            for template in (self.found, self.way_out)
+            for _, name, _, _ in string.Formatter().parse(template)
+            if name
+        }
+
+
+class Refusal(Enum):
+    """The catalogue. Each member's value is its ``Entry``; render one with ``message``."""
+
+    CHECKPOINT_LOST = Entry(
+        title="Gold's checkpoint lost",
+        status="lost (sink has rows)",
+        happened="the checkpoint of a stream whose table holds sums (gold) was deleted or lost; "
+        "bronze and silver, whose rows are Kafka records, resume without their checkpoint on their own",
+        found="checkpoint {checkpoint} is missing while {tables} already holds aggregates; "
+        "starting over would count them twice.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    METADATA_UNREADABLE = Entry(
+        title="Empty or edited checkpoint metadata",
+        happened="the first start died while writing the checkpoint's metadata file, or it was edited",
+        found="the checkpoint metadata file {path} is {what} (a write cut short, or edited): the stream's id, "
+        "which binds the checkpoint to its tables, is unknown.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    MISMATCH = Entry(
+        title="A checkpoint that does not match its tables",
+        status="mismatch",
+        happened="a checkpoint of another stream or lakehouse was put in place, or a table was replaced",
+        found="checkpoint {checkpoint} (stream id {stream_id}, last batch {last_batch}) does not match the "
+        "tables it writes (recorded ids {recorded}): the checkpoint was swapped or a table replaced, and "
+        "resuming would skip or repeat records.",
+        way_out="{reset}.",
+    )
+    TABLE_AHEAD = Entry(
+        title="A table ahead of its checkpoint",
+        status="table ahead",
+        happened="an older copy of the checkpoint was put back, or its `offsets/` and `commits/` deleted",
+        found="sink table {table} at {path} has committed batch {batch} of stream {stream_id}, but checkpoint "
+        "{checkpoint} is behind it ({progress}): the checkpoint is older than the table (restored from an "
+        "older copy, or offsets/ and commits/ deleted). Spark would re-plan those batch ids with other "
+        "boundaries and Delta would skip them as already written.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    BATCHES_MISSING = Entry(
+        title="Bronze behind its checkpoint",
+        status="table behind",
+        happened="bronze was replaced by an older copy of its directory",
+        found="sink table {table} at {path} has committed only batch {batch} of stream {stream_id}, but "
+        "checkpoint {checkpoint} has more ({progress}): the table is older than the checkpoint (replaced by "
+        "an older copy), and resuming would never write the missing batches.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    VERSION_BEHIND = Entry(
+        title="Silver, quarantine or gold put back from an older copy",
+        status="table behind",
+        happened="silver, quarantine or gold was replaced by an older copy of its directory",
+        found="sink table {table} at {path} is at version {version}, but it was at version {recorded} after "
+        "batch {batch}, the last checkpoint {checkpoint} has committed: the table is older than the "
+        "checkpoint (replaced by an older copy), and resuming would never write what it lost.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    TABLE_RESTORED = Entry(
+        title="A sink restored",
+        status="table restored",
+        happened="a sink table was `RESTORE`d to a version before some of the stream's commits",
+        found="sink table {table} at {path} was restored (RESTORE at table version {at_version} to version "
+        "{to_version}), undoing its commits of batches {first}..{last} of stream {stream_id}, while checkpoint "
+        "{checkpoint} has them committed ({progress}): resuming would never write them again.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    TXN_RETENTION_SET = Entry(
+        title="Transaction retention set on a sink table",
+        status="txn retention set",
+        happened="`delta.setTransactionRetentionDuration` was set on a sink table",
+        found="sink table {table} at {path} sets {property} = {value}: Delta then forgets the (stream id, "
+        "batch id) records that make a replayed batch a no-op, and a replay older than that is written twice.",
+        way_out="run ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES ('{property}') (spark-sql or spark.sql), "
+        "then start again.",
+    )
+    REBUILD_CUT_SHORT = Entry(
+        title="A reset cut short",
+        status="rebuild cut short",
+        happened="a reset died while it rebuilt the stream's tables",
+        found="a reset that rebuilds {tables} was cut short ({table} at {path} still carries the mark of "
+        "rebuild {rebuild}): its tables may hold rows of the rebuild and of before it.",
+        way_out="{reset}: {rebuilds}.",
+    )
+    CONTRACT_CHANGED = Entry(
+        title="Tables made for another event contract",
+        happened="the event contract (`pipeline/contract.py`) changed on an existing lakehouse",
+        found="{table} at {path} was made for another event contract: {differences}.",
+        way_out="to apply the contract, {reset}: {rebuilds} under it.",
+        prefixed=False,
+    )
+    FOREIGN_BRONZE = Entry(
+        title="A bronze table of another layout",
+        happened="`lakehouse.root` points at another pipeline's lakehouse, or bronze was replaced by a table "
+        "this pipeline did not make",
+        found="{table} at {path} has another layout than this pipeline's: {differences}.",
+        way_out="point lakehouse.root (or LAKEHOUSE_ROOT) at this pipeline's lakehouse, or move that table "
+        "away; bronze holds the only copy of the raw records, so nothing resets it.",
+        prefixed=False,
+    )
+    GOLD_WINDOW_CHANGED = Entry(
+        title="Gold's window changed",
+        happened="`pipeline.gold_window` was changed on an existing lakehouse",
+        found="the table {path} holds windows of '{recorded}', but pipeline.gold_window is '{configured}': "
+        "going on would add windows of a second size to the same table.",
+        way_out="{reset}: gold is rebuilt from silver at '{configured}' beside the table and replaces its rows "
+        "in one commit; bronze and silver are left as they are. Or set pipeline.gold_window back to "
+        "'{recorded}'.",
+    )
+    SOURCE_CHANGED = Entry(
+        title="A topic created again, or another cluster",
+        happened="a topic was deleted and created under the same name, or `kafka.bootstrap_servers` now reaches "
+        "another cluster: offsets start again at 0 there. Bronze checks at every start and before every batch",
+        found="{changes}, at {bootstrap}. The checkpoint {checkpoint} holds offsets of what bronze read before, "
+        "and offsets start again at 0 in a new topic: resuming would skip the new records or take them for "
+        "others.",
+        way_out="{reset_only}: bronze starts a new checkpoint that reads each new topic from its first offset "
+        "and resumes the others after the offsets it holds; every record already in bronze, silver and gold "
+        "stays, and silver keeps old and new records apart by topic id. If kafka.bootstrap_servers points at "
+        "the wrong cluster, set it back instead.",
+    )
+    SUBSCRIPTION_CHANGED = Entry(
+        title="The subscription changed",
+        happened="a topic was dropped from `kafka.topics`, or one was added whose first records retention "
+        "already deleted (an added topic that starts at offset 0 is read by Spark itself)",
+        found="checkpoint {checkpoint} reads topics {read}, but kafka.topics is {wanted} ({changes}): Spark "
+        "would stop on this as lost data at every start.",
+        way_out="{reset_only}: bronze alone starts a new checkpoint that resumes each topic after the offsets "
+        "bronze holds and reads an added topic from its first offset; a removed topic's records stay in "
+        "bronze, silver and gold go on as they are.",
+    )
+    LEASE_HELD = Entry(
+        title="Another process runs this stream",
+        happened="the stream runs elsewhere (a deploy overlap), or its holder on another host died less than "
+        "a lease's time to live ago",
+        found="another process runs this stream: lease {path} is held by {holder}, renewed {age} s ago.",
+        way_out="stop it first: `kill -TERM {pid}` on host {host} (it stops after its current batch). If it is "
+        "gone, the lease expires at {expires} (ttl {ttl} s); a process on this host that died frees it at once.",
+    )
+    LEASE_RACE = Entry(
+        title="Two processes took a lease at the same moment",
+        happened="two processes started the same stream at once; one of them won",
+        found="another process took the lease {path} at the same moment.",
+        way_out="try again.",
+    )
+    LEASE_OWN = Entry(
+        title="This process already runs the stream",
+        happened="one process asked to start a stream it already runs",
+        found="this process already runs the stream (lease {path}).",
+        way_out="stop that query first.",
+    )
+    RESET_UNCONFIRMED = Entry(
+        title="A reset nobody confirmed",
+        happened="`checkpoints reset` ran where nothing can ask (not on a terminal) without `--yes`",
+        found="refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so nothing "
+        "can ask.",
+        way_out="run `checkpoints reset {target} --yes` to do it.",
+        prefixed=False,
+    )
+    KAFKA_MARKER_AHEAD = Entry(
+        title="The Kafka egress's checkpoint behind its topic",
+        egress="kafka_egress",
+        happened="the egress's checkpoint is older than the batch marker it committed with the topic's "
+        "records (an older copy of the checkpoint put back)",
+        found="topic {topic} has batch {batch} of stream {stream_id} committed (consumer group {group}), but "
+        "checkpoint {checkpoint} is behind it (last planned batch {planned}): the checkpoint is older than "
+        "the topic.",
+        way_out="{reset}: a new stream id publishes gold's current rows as a new changelog, with tombstones for "
+        "rows gold no longer has, so consumers folding by key end at gold.",
+    )
+    POSTGRES_MARKER_MISMATCH = Entry(
+        title="The PostgreSQL egress's checkpoint and marker row disagree",
+        egress="postgres_egress",
+        happened="the marker row or the checkpoint was restored, dropped or emptied (another stream id's batch "
+        "0 replaced the table's rows)",
+        found="{marker} records batch {batch} of stream {stream_id}, checkpoint {checkpoint} planned batch "
+        "{planned} and committed {committed}: the {older} is older than the {newer} (restored, dropped or "
+        "emptied by another stream id's batch 0).",
+        way_out="{reset}: a new stream id mirrors gold again from its current rows.",
+    )
+    POSTGRES_TABLE_LAYOUT = Entry(
+        title="A PostgreSQL egress table of another layout",
+        egress="postgres_egress",
+        happened="the egress's table or its staging table exists with columns another contract (or someone "
+        "else) gave it",
+        found="{table} has columns {found}, gold's contract gives it {expected}.",
+        way_out="drop {tables}, then {reset}: they are made again.",
+    )
+
+    @property
+    def entry(self) -> Entry:
+        return self.value
+
+    def message(self, subject: str, then: str = "", **facts: object) -> str:
+        """The refusal as the user reads it: ``subject`` (a stream or table), what was found, the way out.
+
+        ``then`` is added after the way out (what the caller adds, e.g. to run a reset again).
+
+        Example::
+
+            Refusal.MISMATCH.message("gold", checkpoint="/lake/checkpoints/gold", stream_id="6f1c...",
+                                     last_batch=7, recorded={"gold_event_windows": "0b2e..."})
+        """
+        if not subject:
+            raise ValueError("subject must name the stream or table refused")
+        stream = str(facts.pop("stream", subject))
+        given = {
+            "reset": reset_command(stream),
+            "reset_only": reset_command(stream, only=True),
+            "rebuilds": rebuilds(stream),
+            **facts,
+        }
+        missing = self.entry.fields() - set(given)
+        if missing:
+            raise ValueError(f"{self.name} needs the facts {sorted(missing)}")
+        found = self.entry.found.format(**given)
+        way_out = self.entry.way_out.format(**given)
+        prefix = f"{subject}: " if self.entry.prefixed else ""
+        return f"{prefix}{found} Way out: {way_out} {then}".strip()
+
+
+class _Placeholders(dict):
+    """Facts as the runbook shows them: ``<name>`` (``quoted``: as a code span, outside one)."""
+
+    def __init__(self, quoted: bool, **known: str) -> None:
+        super().__init__(**known)
+        self.quoted = quoted
+
+    def __missing__(self, key: str) -> str:
+        return f"`<{key}>`" if self.quoted else f"<{key}>"
+
+
+def runbook(installed_egress: Iterable[str] = ()) -> str:
+    """The runbook's section of refusals, in Markdown: one entry per refusal this project can meet.
+
+    Example::
+
+        print(runbook(egress.installed_names()))
+    """
+    installed = set(installed_egress)
+    # The reset commands without the console script, as the rest of the runbook writes them.
+    commands = {
+        "reset": reset_command("<stream>", command=""),
+        "reset_only": reset_command("<stream>", only=True, command=""),
+        "rebuilds": "the stream's tables are rebuilt as [Resetting a stream](#resetting-a-stream) says",
+    }
+    in_code: Mapping[str, str] = _Placeholders(quoted=False, **commands)
+    in_text: Mapping[str, str] = _Placeholders(quoted=True, **commands)
+    blocks = [RUNBOOK_BEGIN]
+    for refusal in Refusal:
+        entry = refusal.entry
+        if entry.egress is not None and entry.egress not in installed:
+            continue
+        title = entry.title + (f" (status `{entry.status}`)" if entry.status else "")
+        # Backquotes of the message (a statement to run) would end the code span early.
+        says = string.Formatter().vformat(entry.found, (), in_code).replace("`", "'")
+        says = f"<subject>: {says}" if entry.prefixed else says
+        way_out = string.Formatter().vformat(entry.way_out, (), in_text)
+        bullets = [
+            _bullet("It says", f"`{says}`"),
+            _bullet("What happened", f"{entry.happened}."),
+            _bullet("Way out", way_out),
+        ]
+        blocks.append(f"### {title}\n\n" + "\n".join(bullets))
+    blocks.append(RUNBOOK_END)
+    return "\n\n".join(blocks) + "\n"
+
+
+def _bullet(label: str, text: str) -> str:
+    return textwrap.fill(
+        f"- **{label}:** {text}", width=100, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    )
