@@ -112,6 +112,9 @@ def child_env(config: Config) -> dict[str, str]:
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": str(config.kafka.max_offsets_per_trigger),
         "PIPELINE_TRIGGER_INTERVAL": config.trigger_interval,
         "SPARK_MASTER": config.spark_master,
+        # The bench measures the three layers (phase_config turns the egresses off): its drains must not
+        # start the egress streams a default bake turns on, whose sinks (a local PostgreSQL) it never starts.
+        "PIPELINE_EGRESS": "none",
     }
 
 
