@@ -52,7 +52,6 @@ def window_aggregates(events: DataFrame, window_duration: str, contract: Contrac
     )
 
 
-
 def _same_gold_row(contract: Contract) -> Column:
     # An optional dimension can be null, and null = null is not true: <=> matches it.
     nullable = {name for name in contract.dimensions if not contract.field(name).required}
@@ -144,7 +143,6 @@ def add_to_windows(
     warm_up_state(session, path)
 
 
-
 def stream_writer(
     spark: SparkSession,
     config: Config,
@@ -174,7 +172,6 @@ def stream_writer(
             aggregates.unpersist()
 
     return source_stream(spark, lakehouse, "gold", prepared.stream_id).writeStream.foreachBatch(write_batch)
-
 
 
 def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> str | None:
@@ -208,7 +205,6 @@ def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) ->
     if WINDOW_PROPERTY not in read_properties(spark, path):
         # A gold from before the window was recorded: it was built with the window in use.
         set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
-
 
 
 def rebuilt_rows(silver: DataFrame, gold_window: str, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], None]:

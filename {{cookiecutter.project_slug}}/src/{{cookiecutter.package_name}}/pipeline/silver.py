@@ -51,7 +51,6 @@ INTEGER_JSON_TYPES = r"^(TINYINT|SMALLINT|INT|BIGINT|DECIMAL\(\d+,0\))$"
 WIDE_DECIMAL_SCALE = 18
 
 
-
 def first_per_kafka_record(rows: DataFrame) -> DataFrame:
     """One row per Kafka record (topic, topic id, partition, offset): the earliest ingested copy.
 
@@ -194,7 +193,6 @@ def quarantined_records(parsed: DataFrame) -> DataFrame:
     )
 
 
-
 def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
     """(topic, topic_id, partition, first_offset, last_offset, records, *aggregates) of a batch, per partition."""
     return (
@@ -252,7 +250,6 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
     warm_up_state(session, path)
 
 
-
 def stream_writer(
     spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract = EVENTS
 ) -> DataStreamWriter:
@@ -294,14 +291,12 @@ def stream_writer(
     return source_stream(spark, lakehouse, "silver", prepared.stream_id).writeStream.foreachBatch(write_batch)
 
 
-
 def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
     # Counted only when the share calls for a look (one more small job); a few malformed records are normal.
     if rejected < records * QUARANTINE_ALERT_SHARE:
         return {}
     counts = parsed.where(F.col("reason").isNotNull()).groupBy("reason").count().orderBy(F.desc("count")).limit(5)
     return {row.reason: row["count"] for row in counts.collect()}
-
 
 
 def rebuilt_rows(bronze: DataFrame, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], DataFrame]:

@@ -57,7 +57,6 @@ def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> d
     return {"processingTime": interval}
 
 
-
 def start_stream(
     spark: SparkSession,
     config: Config,
@@ -108,7 +107,6 @@ def start_stream(
     return query
 
 
-
 def stream_names(config: Config) -> tuple[str, ...]:
     """Every stream the config runs: the three layers, then each egress it turns on."""
     return (*LAYERS, *configured(config))
@@ -120,7 +118,6 @@ def run_available_now(
     """Process everything available, one stream after the other, so each sees what the one before wrote."""
     for layer in stream_names(config) if layers is None else layers:
         start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
-
 
 
 def reset(
