@@ -355,7 +355,6 @@ def runbook(installed_egress: Iterable[str] = ()) -> str:
         entry = refusal.entry
         if entry.egress is not None and entry.egress not in installed:
             continue
-        title = entry.title + (f" (status `{entry.status}`)" if entry.status else "")
         # Backquotes of the message (a statement to run) would end the code span early.
         says = string.Formatter().vformat(entry.found, (), in_code).replace("`", "'")
         says = f"<subject>: {says}" if entry.prefixed else says
@@ -365,7 +364,9 @@ def runbook(installed_egress: Iterable[str] = ()) -> str:
             _bullet("What happened", f"{entry.happened}."),
             _bullet("Way out", way_out),
         ]
-        blocks.append(f"### {title}\n\n" + "\n".join(bullets))
+        if entry.status:
+            bullets.insert(1, _bullet("Status in `checkpoints list`", f"`{entry.status}`."))
+        blocks.append(f"### {entry.title}\n\n" + "\n".join(bullets))
     blocks.append(RUNBOOK_END)
     return "\n\n".join(blocks) + "\n"
 
