@@ -8,6 +8,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
+from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
@@ -59,15 +60,13 @@ def topic(kafka_bootstrap, request) -> str:
 @pytest.fixture
 def config(tmp_path, kafka_bootstrap, topic) -> Config:
     """The packaged local config pointed at the test broker, topic and a private lakehouse."""
-    return load_config(
-        "local",
-        environ={
-            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "KAFKA_TOPICS": topic,
-            "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
-            "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"],
-        },
-    )
+    environ = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "KAFKA_TOPICS": topic,
+        "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
+        "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"],
+    }
+    return configure(load_config("local", environ=environ), environ)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ Each scenario is judged against Kafka read by a plain consumer (``kafka_oracle``
 and against what the test produced, never against the pipeline's own code.
 """
 
-import dataclasses
 import json
 import signal
 import subprocess
@@ -157,7 +156,7 @@ def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_
 ):
     compacted = f"{config.kafka.topics[0]}-compacted"
     create_compacted_topic(config, compacted)
-    config = dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, topics=(compacted,)))
+    config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"topics": (compacted,)})})
     # Three versions of each of ten keys: compaction keeps the newest of each.
     versions = [
         (f"user-{n}".encode(), value)

@@ -6,7 +6,6 @@ process started), checks the refusal names what it found and the way out, then
 takes that way out and checks the tables against what was produced.
 """
 
-import dataclasses
 import io
 import json
 import os
@@ -512,9 +511,8 @@ def test_another_cluster_answering_is_refused_until_bronze_alone_is_reset_then_b
     # start again at 0: the checkpoint's offsets would name other records there, or skip them.
     other = LocalKafka(tmp_path / "other-cluster")
     try:
-        moved = dataclasses.replace(
-            pipeline_env, kafka=dataclasses.replace(pipeline_env.kafka, bootstrap_servers=other.start())
-        )
+        kafka = pipeline_env.kafka.model_copy(update={"bootstrap_servers": other.start()})
+        moved = pipeline_env.model_copy(update={"kafka": kafka})
         admin = AdminClient(client_config(moved))
         admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
         new = produce_records(moved, 40, seed=15)

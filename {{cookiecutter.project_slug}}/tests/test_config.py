@@ -1,5 +1,6 @@
 """Config files, environment overrides and the errors that name the bad key."""
 
+import pickle
 from importlib import resources
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 from {{ cookiecutter.package_name }}.cli.local_servers import resolve_local_bootstrap
 from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
+from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
@@ -30,10 +31,21 @@ def test_local_config_loads_with_its_defaults(tmp_path):
 
 
 def test_the_local_config_turns_on_every_egress_of_the_project_and_pipeline_egress_narrows_them():
-    assert set(load_config("local", environ={}).egress) == set(installed_names())
-    assert load_config("local", environ={"PIPELINE_EGRESS": "none"}).egress == {}
+    config = load_config("local", environ={})
+    assert config.egress is None, "parsed by the egress package, not by config"
+    assert set(configure(config, environ={}).egress) == set(installed_names())
+    assert configure(config, environ={"PIPELINE_EGRESS": "none"}).egress == {}
     with pytest.raises(ConfigError, match="PIPELINE_EGRESS: egress_nowhere is not an egress section"):
-        load_config("local", environ={"PIPELINE_EGRESS": "egress_nowhere"})
+        configure(config, environ={"PIPELINE_EGRESS": "egress_nowhere"})
+
+
+def test_an_egress_table_of_an_egress_the_project_lacks_is_refused_naming_it(tmp_path):
+    path = config_file(tmp_path, PACKAGED_LOCAL + '\n[egress_nowhere]\ntopic = "x"\n')
+    config = load_config(config_file=path, environ={})
+
+    assert config.egress_sections["egress_nowhere"] == {"topic": "x"}
+    with pytest.raises(ConfigError, match="^egress_nowhere: unknown section: this project has no such egress"):
+        configure(config, environ={"PIPELINE_EGRESS": "none"})
 
 
 def test_environment_overrides_the_file():
@@ -61,6 +73,67 @@ def test_pipeline_env_selects_the_file():
     assert config.spark_master == "spark://spark-master.example.internal:7077"
     assert config.kafka.max_offsets_per_trigger == 500000
     assert config.lakehouse_root == "/data/lakehouse"
+    # Production has no development broker: [kafka_local] is left out and takes its default.
+    assert "[kafka_local]" not in resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "prod.toml").read_text()
+    assert config.kafka_local_home == Path(".kafka-local")
+
+
+def test_every_key_has_a_variable_named_after_its_section_and_key():
+    config = load_config(
+        "local",
+        environ={
+            "SPARK_SHUFFLE_PARTITIONS": "7",
+            "SPARK_UI_ENABLED": "true",
+            "KAFKA_FAIL_ON_DATA_LOSS": "false",
+            "PIPELINE_GOLD_WINDOW": "5 minutes",
+            "KAFKA_LOCAL_HOME": "",  # empty: unset
+        },
+    )
+
+    assert (config.shuffle_partitions, config.spark_ui_enabled) == (7, True)
+    assert config.kafka.fail_on_data_loss is False and config.gold_window == "5 minutes"
+    assert config.kafka_local_home == Path(".kafka-local")
+    with pytest.raises(ConfigError, match=r"^SPARK_UI_ENABLED: 'maybe' is not true or false \(spark.ui_enabled\)"):
+        load_config("local", environ={"SPARK_UI_ENABLED": "maybe"})
+
+
+def test_every_error_is_named_at_once_and_a_value_from_the_environment_names_its_variable(tmp_path):
+    path = config_file(tmp_path, PACKAGED_LOCAL.replace("shuffle_partitions = 4", "shuffle_partitions = 0"))
+
+    with pytest.raises(ConfigError) as error:
+        load_config(config_file=path, environ={"KAFKA_STARTING_OFFSETS": "beginning"})
+
+    assert str(error.value).splitlines() == [
+        "kafka.starting_offsets: 'beginning' is not 'earliest' or 'latest' (set by KAFKA_STARTING_OFFSETS)",
+        "spark.shuffle_partitions: Input should be greater than 0, not 0",
+    ]
+
+
+def test_a_table_written_as_a_value_is_named_even_when_a_variable_sets_one_of_its_keys(tmp_path):
+    spark = '[spark]\nmaster = "local[2]"\nshuffle_partitions = 4\nui_enabled = false\n'
+    assert spark in PACKAGED_LOCAL
+    path = config_file(tmp_path, "spark = 3\n" + PACKAGED_LOCAL.replace(spark, ""))
+
+    with pytest.raises(ConfigError, match=r"(?m)^spark: expected table, got int 3$"):
+        load_config(config_file=path, environ={"SPARK_MASTER": "local[1]"})
+
+
+def test_a_secret_in_the_config_file_is_refused_naming_its_variable(tmp_path):
+    path = secure_config_file(tmp_path, 'security_protocol = "SASL_SSL"\nsasl_password = "x"')
+
+    with pytest.raises(ConfigError, match="^kafka.sasl_password: a secret never goes in a config file; set KAFKA_SASL"):
+        load_config(config_file=path, environ={})
+
+
+def test_a_config_pickles_with_its_secrets_hidden_from_its_repr(tmp_path):
+    path = secure_config_file(tmp_path, 'security_protocol = "SASL_SSL"\nsasl_mechanism = "PLAIN"')
+    environ = {"KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "s3cr3t-Pa55"}
+    config = configure(load_config(config_file=path, environ=environ), environ={})
+
+    copy = pickle.loads(pickle.dumps(config))
+
+    assert copy == config and copy.kafka.sasl_password.get_secret_value() == "s3cr3t-Pa55"
+    assert "s3cr3t-Pa55" not in repr(copy) and "s3cr3t-Pa55" not in str(copy.model_dump())
 
 
 @pytest.mark.parametrize(
@@ -75,6 +148,8 @@ def test_pipeline_env_selects_the_file():
         ('security_protocol = "PLAINTEXT"', 'security_protocol = "TLS"', "kafka.security_protocol"),
         ('gold_window = "', 'gold_window = "every ', "pipeline.gold_window"),
         ("[spark]", "[sparks]", "sparks: unknown section"),
+        ('[lakehouse]\nroot = "lakehouse"\n', "", "lakehouse: missing"),
+        ('topics = ["', 'topics = [1, "', "kafka.topics: expected str, got int 1"),
     ],
 )
 def test_bad_value_fails_at_start_naming_the_key(tmp_path, old, new, named):

@@ -1,6 +1,5 @@
 """The event contract: declared once, checked when it is built, obeyed by every layer."""
 
-import dataclasses
 import json
 import os
 import random
@@ -382,7 +381,7 @@ def assert_layers_follow_the_channel_contract(spark, lakehouse: Lakehouse, produ
 
 
 def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold_and_the_audit(spark, config):
-    config = dataclasses.replace(config, gold_window="1 minute")
+    config = config.model_copy(update={"gold_window": "1 minute"})
     lakehouse = Lakehouse(config.lakehouse_root)
     produced = []
     # Two rounds into the same windows: the second one updates gold rows the first inserted.
@@ -410,7 +409,7 @@ def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold
 def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_under_it_never_half_done(
     spark, pipeline_env
 ):
-    config = dataclasses.replace(pipeline_env, gold_window="1 minute")
+    config = pipeline_env.model_copy(update={"gold_window": "1 minute"})
     lakehouse = Lakehouse(config.lakehouse_root)
 
     def table(name: str, version: int | None = None):

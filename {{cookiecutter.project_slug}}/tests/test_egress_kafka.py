@@ -8,7 +8,6 @@ the stream id, with a plain Consumer.
 """
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from delta.tables import DeltaTable
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
-from {{ cookiecutter.package_name }}.pipeline.egress.kafka import KafkaEgress, KafkaEgressSettings
+from {{ cookiecutter.package_name }}.pipeline.egress.kafka import KafkaEgress, KafkaEgressSettings, settings
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
@@ -195,7 +194,7 @@ def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
 
 
 def with_egress(config, topic: str):
-    return dataclasses.replace(config, egress={EGRESS: KafkaEgressSettings(topic=topic)})
+    return config.model_copy(update={"egress": {EGRESS: KafkaEgressSettings(topic=topic)}})
 
 
 def produce_sample(config, count: int, seed: int) -> None:
@@ -416,7 +415,7 @@ def test_a_second_egress_of_the_same_stream_fences_the_first_and_aborts_its_tran
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
 
-    first = KafkaEgress(config, config.egress[EGRESS], sid)
+    first = KafkaEgress(config, settings(config), sid)
     second = None
     try:
         first.producer.begin_transaction()
@@ -425,7 +424,7 @@ def test_a_second_egress_of_the_same_stream_fences_the_first_and_aborts_its_tran
         first.producer.flush(30)
         assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
 
-        second = KafkaEgress(config, config.egress[EGRESS], sid)
+        second = KafkaEgress(config, settings(config), sid)
 
         # The open transaction was aborted when the second one started: read_committed sees nothing.
         assert fold(kafka_bootstrap, out, "read_committed")[0] == []
@@ -485,7 +484,7 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
     gold = str(tmp_path / "gold")
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
-    egress = KafkaEgress(config, config.egress[EGRESS], sid, commit_timeout_s=0.2)
+    egress = KafkaEgress(config, settings(config), sid, commit_timeout_s=0.2)
     frozen = BrokerFrozenDuringFirstCommit(egress.producer, kafka_broker.status()["pid"], frozen_s=2.0)
     egress.producer = frozen
     logger = "{{ cookiecutter.package_name }}.pipeline.egress.kafka"

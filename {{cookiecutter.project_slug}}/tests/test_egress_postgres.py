@@ -3,7 +3,6 @@
 Each test has its own lakehouse and its own target table on one PostgreSQL server for the module.
 """
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -18,17 +17,19 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
+    SECTION,
     STREAM,
     PostgresEgress,
+    PostgresEgressSettings,
     audit_errors,
     check_connection,
     describe,
-    parse_settings,
     read_back,
+    settings,
     start,
 )
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
@@ -62,11 +63,16 @@ def connect(postgres) -> psycopg.Connection:
     return psycopg.connect(dsn, password=password, autocommit=True, connect_timeout=10)
 
 
+def parse_settings(values: dict, environ: dict) -> PostgresEgressSettings:
+    """An ``[egress_postgres]`` table and its environment, parsed as the command line parses them."""
+    return load_section(PostgresEgressSettings, values, environ, SECTION)
+
+
 def with_egress(config, postgres, table: str, **values):
     """``config`` with only this egress on, writing ``table`` on the test server."""
     dsn, password = postgres
-    settings = parse_settings({"dsn": dsn, "table": table, **values}, {"EGRESS_POSTGRES_PASSWORD": password})
-    return dataclasses.replace(config, egress={STREAM: settings})
+    parsed = parse_settings({"dsn": dsn, "table": table, **values}, {"EGRESS_POSTGRES_PASSWORD": password})
+    return config.model_copy(update={"egress": {STREAM: parsed}})
 
 
 def produce_events(config, count: int, seed: int, start: datetime = EVENT_START) -> None:
@@ -171,7 +177,7 @@ def test_the_table_mirrors_gold_row_for_row_and_a_replayed_batch_changes_nothing
     with connect(postgres) as conn:
         conn.execute("INSERT INTO gold_mirror VALUES ('2020-01-01 00:00Z', '2020-01-01 00:01Z', 'stale', 1, 1.00, 1)")
     snapshot = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
-    assert PostgresEgress(config.egress[STREAM], "new-stream").apply(snapshot.load(gold_path(config)), 0) > 0
+    assert PostgresEgress(settings(config), "new-stream").apply(snapshot.load(gold_path(config)), 0) > 0
     assert_mirrors_gold(spark, config, postgres, "gold_mirror")
     assert markers(postgres, "gold_mirror") == {"new-stream": 0}
 
@@ -281,11 +287,11 @@ def test_check_connection_names_the_setting_to_fix_and_never_the_password(config
     check_connection(with_egress(config, postgres, "gold_checked"))
 
     wrong = "not-" + postgres[1]
-    settings = parse_settings({"dsn": postgres[0], "table": "gold_checked"}, {"EGRESS_POSTGRES_PASSWORD": wrong})
-    refused = dataclasses.replace(config, egress={STREAM: settings})
+    parsed = parse_settings({"dsn": postgres[0], "table": "gold_checked"}, {"EGRESS_POSTGRES_PASSWORD": wrong})
+    refused = config.model_copy(update={"egress": {STREAM: parsed}})
     with pytest.raises(ConfigError, match=r"^egress_postgres\.password_file: .*user 'pipeline'") as error:
         check_connection(refused)
-    assert wrong not in str(error.value) and wrong not in repr(refused.egress[STREAM])
+    assert wrong not in str(error.value) and wrong not in repr(refused)
 
     unreachable = with_egress(config, postgres, "gold_checked", dsn="host=127.0.0.1 port=1 dbname=lakehouse")
     with pytest.raises(ConfigError, match=r"^egress_postgres\.dsn: cannot connect"):
@@ -317,9 +323,15 @@ def test_settings_refusals_name_the_key(values, environ, message):
 
 
 def test_settings_defaults_and_a_schema_qualified_table():
-    settings = parse_settings(
-        {"dsn": "local", "table": "mart.gold", "stage_above_rows": "500"}, {"EGRESS_POSTGRES_PASSWORD": "s3cret"}
-    )
-    assert settings.dsn == "local" and settings.table == "mart.gold" and settings.stage_above_rows == 500
-    assert settings.local_home == ".postgres-local"
-    assert settings.password == "s3cret" and "s3cret" not in repr(settings)
+    environ = {"EGRESS_POSTGRES_PASSWORD": "s3cret", "EGRESS_POSTGRES_STAGE_ABOVE_ROWS": "500"}
+    parsed = parse_settings({"dsn": "local", "table": "mart.gold"}, environ)
+    assert parsed.dsn == "local" and parsed.table == "mart.gold" and parsed.stage_above_rows == 500
+    assert parsed.local_home == ".postgres-local"
+    assert parsed.password.get_secret_value() == "s3cret" and "s3cret" not in repr(parsed)
+    assert parse_settings({"dsn": "local", "table": "g"}, {"POSTGRES_LOCAL_HOME": "/srv/pg"}).local_home == "/srv/pg"
+
+
+def test_a_password_in_the_config_file_is_refused_naming_the_variable():
+    refused = r"^egress_postgres\.password: a secret never goes in a config file; set EGRESS_POSTGRES_PASSWORD"
+    with pytest.raises(ConfigError, match=refused):
+        parse_settings({"dsn": "local", "table": "g", "password": "hunter2"}, {})

@@ -3,7 +3,6 @@
 Each is judged by the chaos runner's oracle (tests/test_chaos_oracle.py proves it can fail).
 """
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
-from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
+from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
 
@@ -143,7 +142,7 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
     broker = LocalKafka(tmp_path / "own-broker")
     bootstrap = broker.start()
     try:
-        config = dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, bootstrap_servers=bootstrap))
+        config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"bootstrap_servers": bootstrap})})
         topic = config.kafka.topics[0]
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
@@ -171,9 +170,10 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
 @pytest.mark.faults
 def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, tmp_path):
     # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
-    packaged = load_config("local", environ={"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers})
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers}
+    packaged = configure(load_config("local", environ=environ), environ)
     with ExitStack() as servers:
-        run_config = private_servers(dataclasses.replace(config, egress=packaged.egress), tmp_path, servers)
+        run_config = private_servers(config.model_copy(update={"egress": packaged.egress}), tmp_path, servers)
         report = run_chaos(run_config, kills=10, seed=7, records=1500)
 
     print(report.table())

@@ -1,6 +1,5 @@
 """The whole pipeline on the real local broker, real Delta tables and a real SparkSession."""
 
-import dataclasses
 import json
 import shutil
 from datetime import UTC, datetime
@@ -224,7 +223,7 @@ def test_reset_bronze_resets_everything_downstream_without_double_counting(spark
 def test_swapped_checkpoint_is_refused(spark, config, tmp_path):
     produce_sample(config, 50, seed=12)
     run_available_now(spark, config)
-    other = dataclasses.replace(config, lakehouse_root=str(tmp_path / "other"))
+    other = config.model_copy(update={"lakehouse_root": str(tmp_path / "other")})
     run_available_now(spark, other)
 
     shutil.rmtree(checkpoint_dir(config, "silver"))

@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_reco
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import check_connection, client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 
@@ -238,6 +239,11 @@ def test_a_secure_run_leaks_no_secret_and_describe_shows_none(listeners, secure_
 # --- bronze -> silver -> gold over a secure listener -----------------------------------------------
 
 
+def configured_config(environ: dict[str, str]):
+    """The local config with ``environ``'s overrides, its egress tables parsed: what the command line runs on."""
+    return configure(load_config("local", environ=environ), environ)
+
+
 def gold_and_silver_counts(spark, config) -> tuple[int, int]:
     lakehouse = Lakehouse(config.lakehouse_root)
     silver = spark.read.format("delta").load(lakehouse.table(SILVER)).count()
@@ -252,7 +258,7 @@ def test_scram_pipeline_end_to_end_leaks_no_secret_to_logs_checkpoints_or_the_ev
     lakehouse, event_log = tmp_path / "lake", tmp_path / "spark-events"
     event_log.mkdir()
     env_vars = {**sasl_env(listeners), "KAFKA_TOPICS": secure_topic, "LAKEHOUSE_ROOT": str(lakehouse)}
-    config = load_config("local", environ={**env_vars, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
+    config = configured_config({**env_vars, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
     produce(client_config(config), secure_topic, sample_records(60, seed=11, malformed_ratio=0.1), 20)
 
     # Bronze, the one stream that talks to Kafka, in a driver of its own, so that its event log
@@ -289,7 +295,7 @@ def test_mutual_tls_pipeline_end_to_end_keeps_the_key_out_of_checkpoints_and_log
     spark, listeners, secure_topic, tmp_path, capfd, caplog
 ):
     environ = {**mtls_env(listeners), "KAFKA_TOPICS": secure_topic, "LAKEHOUSE_ROOT": str(tmp_path / "lake")}
-    config = load_config("local", environ={**environ, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
+    config = configured_config({**environ, "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"]})
     records = list(sample_records(40, seed=12))
     produce(client_config(config), secure_topic, records, 20)
     check_connection(config)

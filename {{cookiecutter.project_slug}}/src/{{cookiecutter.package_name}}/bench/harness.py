@@ -5,7 +5,6 @@ Every measurement module takes a started :class:`Bench` and records its figures 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -13,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..pipeline.config import LOCAL_BOOTSTRAP, Config, duration_seconds
+from ..pipeline.config import LOCAL_BOOTSTRAP, SASL_KEYS, TLS_KEYS, Config, duration_seconds
 from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
 from ..pipeline.delta.writes import Delivery
 from .report import Metric, Target
@@ -186,16 +185,18 @@ class Bench:
         if kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
             say("starting a private Kafka broker")
             self.broker = LocalKafka(self.work / "kafka")
-            kafka = dataclasses.replace(
-                kafka,
-                bootstrap_servers=self.broker.start(),
-                security_protocol="PLAINTEXT",
-                sasl_mechanism=None,
-                sasl_username=None,
-                sasl_password=None,
+            # A plaintext broker: no TLS or SASL setting of the configured cluster applies to it.
+            plaintext = {key: None for key in (*SASL_KEYS, *TLS_KEYS, "sasl_password", "ssl_key_password")}
+            kafka = kafka.model_copy(
+                update={
+                    **plaintext,
+                    "bootstrap_servers": self.broker.start(),
+                    "security_protocol": "PLAINTEXT",
+                    "ssl_endpoint_identification": True,
+                }
             )
         batch = self.sizes.max_offsets_per_trigger or kafka.max_offsets_per_trigger
-        self.kafka = dataclasses.replace(kafka, starting_offsets="earliest", max_offsets_per_trigger=batch)
+        self.kafka = kafka.model_copy(update={"starting_offsets": "earliest", "max_offsets_per_trigger": batch})
         say("starting Spark")
         self.own_spark = SparkSession.getActiveSession() is None
         self.spark = build_spark(
@@ -241,13 +242,15 @@ class Bench:
             raise ValueError("phase_config needs a topic")
         if trigger is not None:
             seconds(trigger)
-        return dataclasses.replace(
-            self.base_config,
-            lakehouse_root=str(root),
-            kafka=dataclasses.replace(self.kafka, topics=(topic,)),
-            trigger_interval=trigger or self.base_config.trigger_interval,
-            # The three layers are measured; the egress streams are not (nor gold's change feed for them).
-            egress={},
+        return self.base_config.model_copy(
+            update={
+                "lakehouse_root": str(root),
+                "kafka": self.kafka.model_copy(update={"topics": (topic,)}),
+                "trigger_interval": trigger or self.base_config.trigger_interval,
+                # The three layers are measured; the egress streams are not (nor gold's change feed for them).
+                "egress_sections": {},
+                "egress": {},
+            }
         )
 
     def create_topic(self, name: str) -> str:

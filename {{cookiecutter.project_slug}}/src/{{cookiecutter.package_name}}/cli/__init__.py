@@ -22,6 +22,7 @@ import sys
 
 from ..pipeline.config import ConfigError, load_config
 from ..pipeline.delta.tables import TableSchemaError
+from ..pipeline.egress import configure
 from ..pipeline.recovery.checkpoints import CheckpointError
 from . import audit, checkpoints, dev, local_servers, streams
 from .exit_codes import ExitCode
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        return int(args.handler(load_config(args.env, args.config), args))
+        # Every table checked, the egresses' too, before a command does anything: a bad key exits 2.
+        config = configure(load_config(args.env, args.config))
+        return int(args.handler(config, args))
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return ExitCode.BAD_INPUT

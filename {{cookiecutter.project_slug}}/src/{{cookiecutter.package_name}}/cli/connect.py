@@ -18,7 +18,7 @@ def connect(config: Config, egress: bool = False, asked: str | None = None, prov
 
     Example::
 
-        config = connect(load_config("local"), egress=True, asked="kafka_egress")
+        config = connect(configure(load_config("local")), egress=True, asked="kafka_egress")
     """
     from ..pipeline.kafka.clients import check_connection
 
@@ -36,9 +36,9 @@ def check_egress(config: Config, asked: str | None = None, provision: bool = Fal
 
     Raises ConfigError naming the setting when an egress cannot be reached or refuses the login.
     """
-    from ..pipeline.egress import configured, installed_names
+    from ..pipeline.egress import configured, installed_names, settings_of
 
-    if asked in installed_names() and asked not in config.egress:
+    if asked in installed_names() and asked not in settings_of(config):
         raise ConfigError(f"{asked}: is off: its config section is missing or PIPELINE_EGRESS leaves it out")
     for module in configured(config).values():
         if provision:

@@ -7,7 +7,6 @@ loads the pipeline only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -65,7 +64,7 @@ def chaos(config: Config, args: argparse.Namespace) -> int:
 
     workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
     # Never the configured lakehouse: the runner creates its own topic and tables.
-    run_config = dataclasses.replace(config, lakehouse_root=str(workdir / "lakehouse"))
+    run_config = config.model_copy(update={"lakehouse_root": str(workdir / "lakehouse")})
     with ExitStack() as servers:
         run_config = private_servers(run_config, workdir, servers)
         report = run_chaos(run_config, args.kills, args.seed, args.records)

@@ -9,7 +9,6 @@ at the edge. The `kafka-local` command lives here too.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -38,7 +37,7 @@ def resolve(config: Config, egress: bool = True) -> Config:
 
     Example::
 
-        resolve(load_config("local")).kafka.bootstrap_servers  # "127.0.0.1:39092"
+        resolve(configure(load_config("local"))).kafka.bootstrap_servers  # "127.0.0.1:39092"
     """
     config = resolve_local_bootstrap(config)
     postgres = _postgres_local() if egress else None
@@ -57,7 +56,7 @@ def resolve_local_bootstrap(config: Config) -> Config:
             f"kafka.bootstrap_servers: is 'local' but no local broker runs in {config.kafka_local_home}; "
             "start one with `kafka-local start` or set KAFKA_BOOTSTRAP_SERVERS"
         )
-    return dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, bootstrap_servers=bootstrap))
+    return config.model_copy(update={"kafka": config.kafka.model_copy(update={"bootstrap_servers": bootstrap})})
 
 
 def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
@@ -70,9 +69,9 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
 
         if running_bootstrap(config.kafka_local_home) is None:
             broker = LocalKafka(workdir / "kafka")
-            kafka = dataclasses.replace(config.kafka, bootstrap_servers=broker.start())
+            kafka = config.kafka.model_copy(update={"bootstrap_servers": broker.start()})
             stack.callback(broker.stop)
-            config = dataclasses.replace(config, kafka=kafka)
+            config = config.model_copy(update={"kafka": kafka})
     postgres = _postgres_local()
     if postgres is not None:
         config = postgres.private_postgres(config, workdir, stack)

@@ -7,15 +7,15 @@ edge; the pipeline never imports the development tools.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..pipeline.config import Config, ConfigError
+from ..pipeline.config import Config, ConfigError, load_section
+from ..pipeline.egress import settings_of
 from .exit_codes import ExitCode
 
-POSTGRES = "postgres_egress"
+POSTGRES, SECTION = "postgres_egress", "egress_postgres"
 LOCAL_DSN = "local"
 DEFAULT_LOCAL_HOME = ".postgres-local"
 
@@ -44,8 +44,13 @@ def postgres_local(config: Config, args: argparse.Namespace) -> int:
 
 
 def resolve_local_postgres(config: Config) -> Config:
-    """The config with an egress DSN "local" replaced by the running development server's, and its password."""
-    settings = config.egress.get(POSTGRES)
+    """The config with an egress DSN "local" replaced by the running development server's, and its password.
+
+    Example::
+
+        settings_of(resolve_local_postgres(config))["postgres_egress"].dsn  # "host=127.0.0.1 port=... user=..."
+    """
+    settings = _settings(config)
     if settings is None or settings.dsn != LOCAL_DSN:
         return config
     from ..devtools.postgres_local import LocalPostgres, running_dsn
@@ -57,9 +62,11 @@ def resolve_local_postgres(config: Config) -> Config:
             f"egress_postgres.dsn: is 'local' but no local PostgreSQL runs in {home}; start one with "
             "`postgres-local start`, or set EGRESS_POSTGRES_DSN and EGRESS_POSTGRES_PASSWORD"
         )
-    password = LocalPostgres(home).password_file.read_text().strip()
-    resolved = dataclasses.replace(settings, dsn=dsn, password=password)
-    return dataclasses.replace(config, egress={**config.egress, POSTGRES: resolved})
+    # As if the table named the server and its password file: checked and read by the egress's own model.
+    password_file = str(LocalPostgres(home).password_file)
+    table = {**settings.model_dump(exclude={"password"}), "dsn": dsn, "password_file": password_file}
+    resolved = load_section(type(settings), table, {}, SECTION)
+    return config.model_copy(update={"egress": {**settings_of(config), POSTGRES: resolved}})
 
 
 def private_postgres(config: Config, workdir: Path, stack: ExitStack) -> Config:
@@ -67,20 +74,26 @@ def private_postgres(config: Config, workdir: Path, stack: ExitStack) -> Config:
 
     The server is stopped when ``stack`` closes; the DSN is left "local" for ``resolve_local_postgres``.
     """
-    settings = config.egress.get(POSTGRES)
+    settings = _settings(config)
     if settings is None or settings.dsn != LOCAL_DSN:
         return config
     from ..devtools.postgres_local import LocalPostgres, running_dsn
 
     if running_dsn(_local_home(config)) is None:
-        settings = dataclasses.replace(settings, local_home=str(workdir / "postgres"))
-        config = dataclasses.replace(config, egress={**config.egress, POSTGRES: settings})
+        settings = settings.model_copy(update={"local_home": str(workdir / "postgres")})
+        config = config.model_copy(update={"egress": {**settings_of(config), POSTGRES: settings}})
         server = LocalPostgres(_local_home(config))
         server.start()
         stack.callback(server.stop)
     return config
 
 
+def _settings(config: Config):
+    """The PostgreSQL egress's settings, None when the config leaves it off."""
+    return settings_of(config).get(POSTGRES)
+
+
 def _local_home(config: Config) -> Path:
-    settings = config.egress.get(POSTGRES)
+    # postgres-local works with the egress off too (PIPELINE_EGRESS=none): then in the default home.
+    settings = _settings(config)
     return Path(settings.local_home if settings is not None else DEFAULT_LOCAL_HOME).expanduser()

@@ -153,19 +153,21 @@ def verify(
 
 def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
     """The environment that turns on each egress ``config`` has, each with a sink of this run only."""
-    sections, env = [], {}
-    if KAFKA_EGRESS in config.egress:
+    from ..pipeline.egress import settings_of
+
+    sections, env, egress = [], {}, settings_of(config)
+    if KAFKA_EGRESS in egress:
         topic = f"{run}-gold"
         changelog = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
         admin.create_topics([changelog])[topic].result(timeout=30)
         sections.append("egress_kafka")
         env["EGRESS_KAFKA_TOPIC"] = topic
-    if POSTGRES_EGRESS in config.egress:
-        settings = config.egress[POSTGRES_EGRESS]
+    if POSTGRES_EGRESS in egress:
+        settings = egress[POSTGRES_EGRESS]
         sections.append("egress_postgres")
         env.update(
             EGRESS_POSTGRES_DSN=settings.dsn,
-            EGRESS_POSTGRES_PASSWORD=settings.password or "",
+            EGRESS_POSTGRES_PASSWORD=settings.password.get_secret_value() if settings.password else "",
             EGRESS_POSTGRES_TABLE=run.replace("-", "_"),
         )
     return {"PIPELINE_EGRESS": ",".join(sections) or "none", **env}
@@ -228,7 +230,8 @@ def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
     import psycopg
 
     query = f"SELECT extract(epoch FROM window_start)::bigint, event_type, event_count, amount_sum FROM {table}"
-    with psycopg.connect(settings.dsn, password=settings.password) as connection:
+    password = settings.password.get_secret_value() if settings.password else None
+    with psycopg.connect(settings.dsn, password=password) as connection:
         return [tuple(row) for row in connection.execute(query).fetchall()]
 
 
@@ -289,6 +292,7 @@ def run_chaos(
     """
     from ..pipeline.config import duration_seconds
     from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from ..pipeline.egress import settings_of
     from ..pipeline.kafka.clients import bootstrap_servers, client_config
     from ..pipeline.spark import build_spark
 
@@ -353,13 +357,14 @@ def run_chaos(
         return [tuple(row) for row in table.selectExpr(*columns).collect()]
 
     egress: dict[str, list[tuple[int, str, int, Decimal]]] = {}
-    if KAFKA_EGRESS in config.egress:
+    turned_on = settings_of(config)
+    if KAFKA_EGRESS in turned_on:
         committed = read_topic(client_config(config), env["EGRESS_KAFKA_TOPIC"], "read_committed")
         everything = read_topic(client_config(config), env["EGRESS_KAFKA_TOPIC"], "read_uncommitted")
         egress[KAFKA_EGRESS] = folded_changelog(committed)
         egress_aborted = len(everything) - len(committed)
-    if POSTGRES_EGRESS in config.egress:
-        egress[POSTGRES_EGRESS] = postgres_rows(config.egress[POSTGRES_EGRESS], env["EGRESS_POSTGRES_TABLE"])
+    if POSTGRES_EGRESS in turned_on:
+        egress[POSTGRES_EGRESS] = postgres_rows(turned_on[POSTGRES_EGRESS], env["EGRESS_POSTGRES_TABLE"])
     anomalies = verify(
         ledger,
         [
@@ -373,8 +378,8 @@ def run_chaos(
         duration_seconds(config.gold_window, "pipeline.gold_window"),
         egress,
     )
-    if KAFKA_EGRESS in config.egress:
+    if KAFKA_EGRESS in turned_on:
         anomalies[f"{KAFKA_EGRESS}_records_repeating_a_gold_version"] = repeated_versions(committed)
     report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
-    report.egress_aborted_records = egress_aborted if KAFKA_EGRESS in config.egress else 0
+    report.egress_aborted_records = egress_aborted if KAFKA_EGRESS in turned_on else 0
     return report

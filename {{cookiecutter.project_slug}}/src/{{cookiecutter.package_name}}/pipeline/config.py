@@ -1,9 +1,15 @@
-"""Pipeline configuration: one TOML file per environment plus environment overrides.
+"""Pipeline configuration: one TOML file per environment plus environment overrides, typed by pydantic.
 
-Every key is checked at start-up; a bad value stops the program with a message
-that names the key, before Spark or Kafka are touched. Secrets (the SASL password,
-a client key's password) come from the environment or from files the config names,
-never from the config itself, and are never printed.
+Each table of the file is a settings model (a ``Section``): ``kafka``, ``kafka_local``, ``lakehouse``,
+``spark``, ``pipeline``. Two settings sources feed it, the file's table and the environment, where
+``<env_prefix><KEY>`` overrides a key (``KAFKA_BOOTSTRAP_SERVERS`` overrides ``kafka.bootstrap_servers``;
+a list is comma-separated). Every key is checked at start-up; a bad value stops the program with a
+``ConfigError`` that names the key (and the variable, when one set it), before Spark or Kafka are touched.
+
+Secrets (the SASL password, a client key's password) come from the environment or from files the
+config names, never from the config itself (a secret written there is refused); they are ``SecretStr``
+and never printed. ``[egress_<name>]`` tables are kept as written on ``Config.egress_sections``: each
+egress parses its own with its own ``Section`` through ``load_section`` (``pipeline.egress.configure``).
 """
 
 from __future__ import annotations
@@ -13,9 +19,26 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_VAR = "PIPELINE_ENV"
 CONFIG_FILE_VAR = "PIPELINE_CONFIG"
@@ -23,28 +46,8 @@ DEFAULT_ENV = "local"
 LOCAL_BOOTSTRAP = "local"
 # conf/ sits at the top of the package, where a team looks for it.
 CONF_PACKAGE = __package__.rpartition(".")[0]
-
-# (section, key) <- environment variable. Lists are comma-separated.
-ENV_OVERRIDES = {
-    ("kafka", "bootstrap_servers"): "KAFKA_BOOTSTRAP_SERVERS",
-    ("kafka", "topics"): "KAFKA_TOPICS",
-    ("lakehouse", "root"): "LAKEHOUSE_ROOT",
-    ("spark", "master"): "SPARK_MASTER",
-    ("kafka_local", "home"): "KAFKA_LOCAL_HOME",
-    ("kafka", "max_offsets_per_trigger"): "KAFKA_MAX_OFFSETS_PER_TRIGGER",
-    ("pipeline", "trigger_interval"): "PIPELINE_TRIGGER_INTERVAL",
-    ("pipeline", "downstream_trigger_interval"): "PIPELINE_DOWNSTREAM_TRIGGER_INTERVAL",
-    ("kafka", "security_protocol"): "KAFKA_SECURITY_PROTOCOL",
-    ("kafka", "sasl_mechanism"): "KAFKA_SASL_MECHANISM",
-    ("kafka", "sasl_password_file"): "KAFKA_SASL_PASSWORD_FILE",
-    ("kafka", "ssl_ca_location"): "KAFKA_SSL_CA_LOCATION",
-    ("kafka", "ssl_certificate_location"): "KAFKA_SSL_CERTIFICATE_LOCATION",
-    ("kafka", "ssl_key_location"): "KAFKA_SSL_KEY_LOCATION",
-    ("kafka", "ssl_key_password_file"): "KAFKA_SSL_KEY_PASSWORD_FILE",
-}
-SASL_USERNAME_VAR = "KAFKA_SASL_USERNAME"  # secrets: the alternative to the *_file keys
-SASL_PASSWORD_VAR = "KAFKA_SASL_PASSWORD"
-SSL_KEY_PASSWORD_VAR = "KAFKA_SSL_KEY_PASSWORD"
+# Tables named so are an egress's (see pipeline/egress/): kept as written, parsed by that egress.
+EGRESS_PREFIX = "egress_"
 
 TOPIC_PATTERN = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 DURATION_PATTERN = re.compile(r"(\d+) (second|minute|hour|day)s?")
@@ -61,34 +64,377 @@ TLS_KEYS = (
     "ssl_key_password_file",
     "ssl_endpoint_identification",
 )
+DEFAULT_DOWNSTREAM_TRIGGER = "1 second"
+# A value of the wrong TOML type, in the words of the file: "expected int, got str '4'".
+TYPE_ERRORS = {
+    "int_type": "int",
+    "bool_type": "bool",
+    "string_type": "str",
+    "tuple_type": "list",
+    "list_type": "list",
+    "model_type": "table",
+    "dict_type": "table",
+}
 
 
 class ConfigError(ValueError):
     """A configuration value is missing or wrong; the message names the key."""
 
 
-@dataclass(frozen=True)
-class KafkaConfig:
-    bootstrap_servers: str
-    topics: tuple[str, ...]
+class Invalid(ValueError):
+    """Raised by a validator to name ``key`` (of the same table) as the one to fix, rather than the field checked.
+
+    Example::
+
+        raise Invalid("sasl_password_file", "security_protocol SASL_SSL needs a password")
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        if not key or not reason:
+            raise ValueError("Invalid needs the key to name and the reason")
+        super().__init__(reason)
+        self.key, self.reason = key, reason
+
+
+def duration_seconds(value: str, key: str) -> int:
+    """Seconds of a duration such as '1 minute' or '30 seconds'; ConfigError names ``key``.
+
+    Example::
+
+        duration_seconds("2 minutes", "pipeline.gold_window")  # 120
+    """
+    try:
+        return _duration(value)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
+
+
+def _duration(value: str) -> int:
+    match = DURATION_PATTERN.fullmatch(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a duration like '1 minute' or '30 seconds'")
+    seconds = int(match.group(1)) * {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero")
+    return seconds
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value.strip()
+
+
+def _topic(value: str) -> str:
+    if not TOPIC_PATTERN.fullmatch(value) or value in {".", ".."}:
+        raise ValueError(f"{value!r} is not a valid Kafka topic name")
+    return value
+
+
+def _checked_duration(value: str) -> str:
+    _duration(value)
+    return value.strip()
+
+
+# Field types shared by the sections and the egresses' settings: one rule each.
+Text = Annotated[str, AfterValidator(_text)]
+TopicName = Annotated[str, AfterValidator(_topic)]
+Duration = Annotated[str, AfterValidator(_checked_duration)]
+
+
+class Section(BaseModel):
+    """One table of the config: its keys typed as TOML has them, unknown keys refused, values frozen.
+
+    ``env_prefix`` (pydantic-settings' key) names the environment variables that override its keys:
+    prefix + KEY in capitals; an upper-case alias of a field names one more. Sections are built by
+    ``load_section`` from a table and an environment mapping, both given, through the two settings
+    sources below; constructing one directly validates its arguments only. A section is not a
+    BaseSettings: that would read os.environ on its own, and its __init__ (which validation of a
+    BaseSettings goes through) drops the validation context that tells a key's origin.
+    """
+
+    # strict: a number written as a string in the file is a mistake worth stopping for; values from the
+    # environment are text and are parsed by EnvironmentSource before they reach the model.
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+    @classmethod
+    def variables(cls, key: str) -> tuple[str, ...]:
+        """The environment variables that set ``key``, the first one found wins.
+
+        Example::
+
+            KafkaConfig.variables("topics")  # ("KAFKA_TOPICS",)
+        """
+        field = cls.model_fields.get(key)
+        if field is None:
+            raise ValueError(f"{cls.__name__} has no key {key!r}")
+        alias = field.validation_alias
+        aliases = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        upper = [name for name in aliases if isinstance(name, str) and name.isupper()]
+        return (f"{cls.model_config.get('env_prefix', '')}{key}".upper(), *upper)
+
+    @classmethod
+    def from_environment(cls, key: str, info: ValidationInfo) -> bool:
+        """Whether the environment, not the file, set ``key`` in the load being validated (a validator's ``info``).
+
+        Example::
+
+            if cls.from_environment("sasl_username", info): ...  # in a field validator of KafkaConfig
+        """
+        return bool(set(cls.variables(key)) & (info.context or {}).get("variables", set()))
+
+    @classmethod
+    def secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        """The secret of field ``info.field_name``: its variable's value, or the file named by ``<field>_file``.
+
+        Both set is refused: which one is meant cannot be known. Use from a field validator of the
+        secret, declared after its ``_file`` key and with validate_default (the variable may be unset).
+
+        Example::
+
+            @field_validator("password")
+            @classmethod
+            def _password(cls, password, info):
+                return cls.secret(password, info)  # EGRESS_POSTGRES_PASSWORD, or the file in password_file
+        """
+        file_key = f"{info.field_name}_file"
+        path = info.data.get(file_key)
+        if path is None:
+            return value
+        if value is not None:
+            raise Invalid(file_key, f"set together with {cls.variables(info.field_name)[0]}; use one of them")
+        return SecretStr(read_secret(path, file_key))
+
+
+def read_secret(path: str, key: str) -> str:
+    """The secret held by the file at ``path`` (one trailing newline dropped); ``key`` is the key that names it.
+
+    Example::
+
+        read_secret("/run/secrets/kafka-password", "sasl_password_file")
+    """
+    if not key:
+        raise ValueError("key must name the setting that holds the path")
+    file = Path(path).expanduser()
+    try:
+        # One trailing newline is how editors and `echo` end a file, not part of the secret.
+        secret = file.read_text().removesuffix("\n").removesuffix("\r")
+    except FileNotFoundError:
+        raise Invalid(key, f"{str(file)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise Invalid(key, f"{str(file)!r} cannot be read: {error.__class__.__name__}") from None
+    if not secret:
+        raise Invalid(key, f"{str(file)!r} is empty")
+    return secret
+
+
+class KafkaConfig(Section):
+    """``[kafka]``: the cluster, the topics and how bronze reads them; TLS and SASL settings resolved."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_")
+
+    bootstrap_servers: Text
+    # Not strict as a whole: the file's list becomes the tuple; each name is still text.
+    topics: tuple[TopicName, ...] = Field(strict=False)
     security_protocol: str
-    sasl_mechanism: str | None
     starting_offsets: str
-    max_offsets_per_trigger: int
+    max_offsets_per_trigger: int = Field(gt=0)
     fail_on_data_loss: bool
+    sasl_mechanism: str | None = None
     sasl_username: str | None = None
-    sasl_password: str | None = field(default=None, repr=False)
+    sasl_password_file: str | None = None
+    # Validated when absent too: read from the file named by sasl_password_file (see Section.secret).
+    sasl_password: SecretStr | None = Field(None, validate_default=True)
     # Absolute paths of PEM files, read again by each client that needs them.
     ssl_ca_location: str | None = None
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
-    ssl_key_password: str | None = field(default=None, repr=False)
+    ssl_key_password_file: str | None = None
+    ssl_key_password: SecretStr | None = Field(None, validate_default=True)
     # Off only for a broker whose certificate does not name the host it is reached by.
     ssl_endpoint_identification: bool = True
 
+    @field_validator("topics")
+    @classmethod
+    def _some_topics(cls, topics: tuple[str, ...]) -> tuple[str, ...]:
+        if not topics:
+            raise ValueError("at least one topic is needed")
+        return topics
 
-@dataclass(frozen=True)
-class Config:
+    @field_validator("security_protocol")
+    @classmethod
+    def _known_protocol(cls, protocol: str) -> str:
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"{protocol!r} is not one of {sorted(SECURITY_PROTOCOLS)}")
+        return protocol
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _known_start(cls, start: str) -> str:
+        if start not in {"earliest", "latest"}:
+            raise ValueError(f"{start!r} is not 'earliest' or 'latest'")
+        return start
+
+    @field_validator("sasl_username")
+    @classmethod
+    def _username(cls, username: str | None, info: ValidationInfo) -> str | None:
+        # Credentials left in the environment for another cluster are ignored; keys in the
+        # config that cannot apply are a mistake worth stopping for (see _fits_the_protocol).
+        if info.data.get("security_protocol") != "SASL_SSL" and cls.from_environment("sasl_username", info):
+            return None
+        return username.strip() if username is not None else None
+
+    @field_validator("sasl_password")
+    @classmethod
+    def _sasl_password(cls, password: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if info.data.get("security_protocol") != "SASL_SSL":
+            return None  # a password file is refused by _fits_the_protocol, unread
+        return cls.secret(password, info)
+
+    @field_validator("ssl_ca_location", "ssl_certificate_location")
+    @classmethod
+    def _certificate(cls, location: str | None, info: ValidationInfo) -> str | None:
+        return None if location is None else _pem_file(location, info.field_name, "CERTIFICATE")
+
+    @field_validator("ssl_key_location")
+    @classmethod
+    def _key(cls, location: str | None) -> str | None:
+        if location is None:
+            return None
+        path = _pem_file(location, "ssl_key_location", "PRIVATE KEY")
+        key_pem = Path(path).read_text()
+        if "-----BEGIN RSA PRIVATE KEY-----" in key_pem or "-----BEGIN EC PRIVATE KEY-----" in key_pem:
+            # Spark's JVM client reads PKCS#8 only; librdkafka reads both.
+            raise ValueError(
+                f"{path!r} is a PKCS#1/SEC1 key; convert it to PKCS#8 with "
+                "`openssl pkcs8 -topk8 -in key.pem -out key-pkcs8.pem` (add -nocrypt to leave it unencrypted)"
+            )
+        if _is_encrypted(key_pem) and _PBES2_OID in _pem_der(key_pem):
+            # Java 17's PEM reader knows the older PBES1 schemes only; found here, not mid-stream.
+            raise ValueError(
+                f"{path!r} is encrypted with PBES2, which Spark's JVM Kafka client cannot read; re-encrypt it "
+                "with `openssl pkcs8 -topk8 -v1 PBE-SHA1-3DES -in key.pem -out key-v1.pem` or leave it "
+                "unencrypted (-nocrypt) and readable by the pipeline's user only"
+            )
+        return path
+
+    @field_validator("ssl_key_password")
+    @classmethod
+    def _key_password(cls, password: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if info.data.get("security_protocol") not in TLS_PROTOCOLS or info.data.get("ssl_key_location") is None:
+            return None  # a password file without a key is refused by _fits_the_protocol
+        return cls.secret(password, info)
+
+    @model_validator(mode="after")
+    def _fits_the_protocol(self) -> KafkaConfig:
+        protocol = self.security_protocol
+        if protocol == "SASL_SSL":
+            self._check_sasl()
+        else:
+            for key in SASL_KEYS:
+                if getattr(self, key) is not None:
+                    raise Invalid(key, f"only valid with security_protocol SASL_SSL, not {protocol}")
+        if protocol in TLS_PROTOCOLS:
+            self._check_tls()
+        else:
+            for key in TLS_KEYS:
+                if getattr(self, key) is not None and key in self.model_fields_set:
+                    raise Invalid(key, f"only valid with security_protocol SSL or SASL_SSL, not {protocol}")
+        return self
+
+    def _check_sasl(self) -> None:
+        if self.sasl_mechanism not in SASL_MECHANISMS:
+            raise Invalid("sasl_mechanism", f"{self.sasl_mechanism!r} is not one of {sorted(SASL_MECHANISMS)}")
+        if not self.sasl_username:
+            raise Invalid("sasl_username", f"security_protocol SASL_SSL needs a user; set it or {SASL_USERNAME_VAR}")
+        if self.sasl_password is None:
+            raise Invalid(
+                "sasl_password_file",
+                "security_protocol SASL_SSL needs a password; name a file holding it (kafka.sasl_password_file "
+                f"or KAFKA_SASL_PASSWORD_FILE) or set {SASL_PASSWORD_VAR}",
+            )
+
+    def _check_tls(self) -> None:
+        certificate, key = self.ssl_certificate_location, self.ssl_key_location
+        if (certificate is None) != (key is None):
+            present, missing = ("ssl_certificate_location", "ssl_key_location")[:: 1 if certificate else -1]
+            raise Invalid(missing, f"kafka.{present} is set, so mutual TLS needs both the certificate and key")
+        if key is None:
+            if self.ssl_key_password_file is not None:
+                raise Invalid("ssl_key_password_file", "set without kafka.ssl_key_location")
+            return
+        encrypted = _is_encrypted(Path(key).read_text())
+        if encrypted and self.ssl_key_password is None:
+            raise Invalid(
+                "ssl_key_password_file",
+                "the key in kafka.ssl_key_location is encrypted; name a file holding its password "
+                f"(or KAFKA_SSL_KEY_PASSWORD_FILE) or set {SSL_KEY_PASSWORD_VAR}",
+            )
+        if not encrypted and self.ssl_key_password is not None:
+            raise Invalid("ssl_key_password_file", "the key in kafka.ssl_key_location is not encrypted")
+
+
+SASL_USERNAME_VAR = KafkaConfig.variables("sasl_username")[0]
+SASL_PASSWORD_VAR = KafkaConfig.variables("sasl_password")[0]
+SSL_KEY_PASSWORD_VAR = KafkaConfig.variables("ssl_key_password")[0]
+
+
+class KafkaLocalSection(Section):
+    """``[kafka_local]``: where `kafka-local start` keeps the development broker (optional)."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_LOCAL_")
+
+    home: Text = ".kafka-local"
+
+
+class LakehouseSection(Section):
+    """``[lakehouse]``: the root of the tables and checkpoints, a path or a Hadoop-compatible URI."""
+
+    model_config = SettingsConfigDict(env_prefix="LAKEHOUSE_")
+
+    root: Text
+
+
+class SparkSection(Section):
+    """``[spark]``: the master the pipeline's own session uses, and its shuffle width."""
+
+    model_config = SettingsConfigDict(env_prefix="SPARK_")
+
+    master: Text
+    shuffle_partitions: int = Field(gt=0)
+    ui_enabled: bool
+
+
+class PipelineSection(Section):
+    """``[pipeline]``: gold's window and how often the streams look for new data."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_")
+
+    gold_window: Duration
+    trigger_interval: Duration
+    # Silver and gold: how often they look for a new commit upstream (see streams.trigger_for).
+    downstream_trigger_interval: Duration = DEFAULT_DOWNSTREAM_TRIGGER
+
+
+class Settings(Section):
+    """The config file's tables, each a section; ``[egress_<name>]`` tables are taken out before (see module)."""
+
+    kafka: KafkaConfig
+    kafka_local: KafkaLocalSection = KafkaLocalSection()
+    lakehouse: LakehouseSection
+    spark: SparkSection
+    pipeline: PipelineSection
+
+
+class Config(BaseModel):
+    """The configuration as the pipeline uses it, built by ``load_config``; change it with ``model_copy(update=...)``.
+
+    ``egress_sections`` holds every ``[egress_<name>]`` table as written; ``egress`` the settings of each
+    egress turned on, by stream name, once ``pipeline.egress.configure`` parsed them (None before).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     env: str
     kafka: KafkaConfig
     kafka_local_home: Path
@@ -98,35 +444,9 @@ class Config:
     spark_ui_enabled: bool
     gold_window: str
     trigger_interval: str
-    # Silver and gold: how often they look for a new commit upstream (see streams.trigger_for).
-    downstream_trigger_interval: str = "1 second"
-    egress: Mapping[str, object] = field(default_factory=dict)  # by stream name (see egress/)
-
-
-SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "kafka": {
-        "bootstrap_servers": str,
-        "topics": list,
-        "security_protocol": str,
-        "sasl_mechanism": str,
-        "starting_offsets": str,
-        "max_offsets_per_trigger": int,
-        "fail_on_data_loss": bool,
-        "sasl_username": str,
-        "sasl_password_file": str,
-        "ssl_ca_location": str,
-        "ssl_certificate_location": str,
-        "ssl_key_location": str,
-        "ssl_key_password_file": str,
-        "ssl_endpoint_identification": bool,
-    },
-    "kafka_local": {"home": str},
-    "lakehouse": {"root": str},
-    "spark": {"master": str, "shuffle_partitions": int, "ui_enabled": bool},
-    "pipeline": {"gold_window": str, "trigger_interval": str, "downstream_trigger_interval": str},
-}
-OPTIONAL_KEYS = {("kafka", key) for key in (*SASL_KEYS, *TLS_KEYS)} | {("pipeline", "downstream_trigger_interval")}
-DEFAULT_DOWNSTREAM_TRIGGER = "1 second"
+    downstream_trigger_interval: str = DEFAULT_DOWNSTREAM_TRIGGER
+    egress_sections: Mapping[str, Any] = Field(default_factory=dict)
+    egress: Mapping[str, Section] | None = None
 
 
 def load_config(
@@ -134,27 +454,215 @@ def load_config(
     config_file: str | os.PathLike | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Load the config for ``env`` (default: $PIPELINE_ENV or 'local').
+    """Load the config for ``env`` (default: $PIPELINE_ENV or 'local'); ConfigError names a bad key.
 
-    ``config_file`` (or $PIPELINE_CONFIG) replaces the packaged file for that env.
+    ``config_file`` (or $PIPELINE_CONFIG) replaces the packaged file for that env; ``environ``
+    (default os.environ) holds the overrides. The egress tables are parsed by
+    ``pipeline.egress.configure``, which the command line calls right after this.
+
+    Example::
+
+        config = load_config("prod", environ={"KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "..."})
     """
     environ = os.environ if environ is None else environ
     env = env or environ.get(ENV_VAR) or DEFAULT_ENV
-    config_file = config_file or environ.get(CONFIG_FILE_VAR)
-    raw = _read_toml(env, config_file)
-    _apply_env_overrides(raw, environ)
-    _check_shape(raw)
-    return _build(env, raw, environ)
+    tables = _read_toml(env, config_file or environ.get(CONFIG_FILE_VAR))
+    egress = {name: tables.pop(name) for name in list(tables) if name.startswith(EGRESS_PREFIX)}
+    settings = load_section(Settings, tables, environ)
+    return Config(
+        env=env,
+        kafka=settings.kafka,
+        kafka_local_home=Path(settings.kafka_local.home).expanduser(),
+        lakehouse_root=_absolute_root(settings.lakehouse.root),
+        spark_master=settings.spark.master,
+        shuffle_partitions=settings.spark.shuffle_partitions,
+        spark_ui_enabled=settings.spark.ui_enabled,
+        gold_window=settings.pipeline.gold_window,
+        trigger_interval=settings.pipeline.trigger_interval,
+        downstream_trigger_interval=settings.pipeline.downstream_trigger_interval,
+        egress_sections=egress,
+    )
 
 
-def duration_seconds(value: str, key: str) -> int:
-    match = DURATION_PATTERN.fullmatch(value.strip())
-    if not match:
-        raise ConfigError(f"{key}: {value!r} is not a duration like '1 minute' or '30 seconds'")
-    seconds = int(match.group(1)) * {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[match.group(2)]
-    if seconds <= 0:
-        raise ConfigError(f"{key}: {value!r} must be longer than zero")
-    return seconds
+S = TypeVar("S", bound=Section)
+
+
+def load_section(model: type[S], table: object, environ: Mapping[str, str], section: str = "") -> S:
+    """``model`` from a config ``table`` with the overrides ``environ`` holds; ConfigError names the bad key.
+
+    ``section`` is the table's name in the file, the first part of every key named ('' for the whole file).
+
+    Example::
+
+        load_section(KafkaEgressSettings, config.egress_sections["egress_kafka"], os.environ, "egress_kafka")
+    """
+    if not isinstance(model, type) or not issubclass(model, Section):
+        raise TypeError(f"model must be a Section, not {model!r}")
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{section or 'config'}: expected table, got {type(table).__name__} {table!r}")
+    where = (section,) if section else ()
+    overrides = EnvironmentSource(model, environ, where)
+    values = _merged(TableSource(model, table, where)(), overrides())
+    try:
+        return model.model_validate(values, context={"variables": set(overrides.variables.values())})
+    except ValidationError as error:
+        # Built here, raised outside: the ValidationError (with the inputs) is not chained to it.
+        message = "\n".join(_describe(problem, model, where, overrides.variables) for problem in error.errors())
+    raise ConfigError(message)
+
+
+class TableSource(PydanticBaseSettingsSource):
+    """A settings source over a table of the config file (nested tables for nested sections); secrets refused.
+
+    Example::
+
+        TableSource(KafkaConfig, {"topics": ["events"]}, ("kafka",))()  # {"topics": ["events"]}
+    """
+
+    def __init__(self, settings_cls: type[Section], table: Mapping[str, Any], where: tuple[str, ...] = ()) -> None:
+        super().__init__(settings_cls)
+        self.table, self.where = table, where
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.table.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        for name, field in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(field, name)
+            section = _section_of(field)
+            if value is None:
+                continue
+            if _plain(field.annotation) is SecretStr:
+                key = ".".join((*self.where, name))
+                raise ConfigError(
+                    f"{key}: a secret never goes in a config file; set {self.settings_cls.variables(name)[0]} "
+                    f"or name a file holding it in {key}_file"
+                )
+            if section is not None and isinstance(value, Mapping):
+                TableSource(section, value, (*self.where, name))()
+        return dict(self.table)
+
+
+class EnvironmentSource(PydanticBaseSettingsSource):
+    """A settings source over an environment mapping: ``<env_prefix><KEY>`` (or a field's upper-case alias).
+
+    An empty variable counts as unset. Values are text: a number or a flag is parsed here (ConfigError
+    names the variable), a list is comma-separated. ``variables`` records which variable set which key.
+
+    Example::
+
+        EnvironmentSource(Settings, {"KAFKA_TOPICS": "a, b"})()  # {"kafka": {"topics": ["a", "b"]}}
+    """
+
+    def __init__(self, settings_cls: type[Section], environ: Mapping[str, str], where: tuple[str, ...] = ()) -> None:
+        super().__init__(settings_cls)
+        self.environ, self.where = environ, where
+        self.variables: dict[tuple[str, ...], str] = {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        for variable in self.settings_cls.variables(field_name):
+            if self.environ.get(variable):
+                return self.environ[variable], variable, False
+        return None, field_name, False
+
+    def prepare_field_value(self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool) -> Any:
+        annotation, variable = _plain(field.annotation), self.variables[(*self.where, field_name)]
+        if get_origin(annotation) in (tuple, list):
+            return [item.strip() for item in value.split(",")]
+        if annotation in (int, bool):
+            try:
+                return TypeAdapter(annotation).validate_python(value)  # lax: "100" and "true" parse
+            except ValidationError:
+                kind = "a whole number" if annotation is int else "true or false"
+                key = ".".join((*self.where, field_name))
+                raise ConfigError(f"{variable}: {value!r} is not {kind} ({key})") from None
+        return value
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, field in self.settings_cls.model_fields.items():
+            section = _section_of(field)
+            if section is not None:
+                nested = EnvironmentSource(section, self.environ, (*self.where, name))
+                if found := nested():
+                    values[name] = found
+                self.variables |= nested.variables
+                continue
+            value, variable, _ = self.get_field_value(field, name)
+            if value is not None:
+                self.variables[(*self.where, name)] = variable
+                values[name] = self.prepare_field_value(name, field, value, False)
+        return values
+
+
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    # Table by table: a variable overrides one key, not the table that holds it.
+    # A table the file got wrong (`kafka = 3`) stays wrong, to be named as such.
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(below, Mapping) and isinstance(value, Mapping):
+            merged[key] = _merged(below, value)
+        elif below is None or not isinstance(value, Mapping):
+            merged[key] = value
+    return merged
+
+
+def _describe(problem: Mapping[str, Any], model: type[Section], where: tuple[str, ...], variables: Mapping) -> str:
+    """One pydantic error as the project says it: '<dotted key>: <what is wrong>' (and the variable that set it)."""
+    path = (*where, *(part for part in problem["loc"] if isinstance(part, str)))
+    kind, error = problem["type"], problem.get("ctx", {}).get("error")
+    owner = _model_at(model, path[len(where) : -1])
+    if isinstance(error, Invalid):
+        # A field validator names a key beside its field; a model validator a key of its own table.
+        field = owner.model_fields.get(path[-1]) if owner is not None and len(path) > len(where) else None
+        beside = field is not None and _section_of(field) is None
+        path, reason = ((*path[:-1], error.key) if beside else (*path, error.key)), error.reason
+    elif kind == "missing":
+        reason = "missing"
+    elif kind == "extra_forbidden":
+        known = list(owner.model_fields) if owner is not None else []
+        if owner is Settings:
+            return f"{path[-1]}: unknown section (known: {', '.join([*known, EGRESS_PREFIX + '<name>'])})"
+        reason = f"unknown key (known: {', '.join(known)})"
+    elif kind in TYPE_ERRORS:
+        value = problem["input"]
+        reason = f"expected {TYPE_ERRORS[kind]}, got {type(value).__name__} {value!r}"
+    elif error is not None:
+        reason = str(error)
+    else:
+        reason = f"{problem['msg']}, not {problem['input']!r}"
+    variable = variables.get(path)
+    return f"{'.'.join(path)}: {reason}" + (f" (set by {variable})" if variable else "")
+
+
+def _model_at(model: type[Section], path: tuple[str, ...]) -> type[Section] | None:
+    for name in path:
+        field = model.model_fields.get(name)
+        model = _section_of(field) if field is not None else None
+        if model is None:
+            return None
+    return model
+
+
+def _plain(annotation: Any) -> Any:
+    """The type under Annotated and Optional: ``str | None`` -> str."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, UnionType):
+            members = [arg for arg in get_args(annotation) if arg is not type(None)]
+            if len(members) != 1:
+                return annotation
+            annotation = members[0]
+        else:
+            return annotation
+
+
+def _section_of(field: FieldInfo) -> type[Section] | None:
+    annotation = _plain(field.annotation)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
 
 
 def _read_toml(env: str, config_file: str | os.PathLike | None) -> dict:
@@ -174,176 +682,11 @@ def _read_toml(env: str, config_file: str | os.PathLike | None) -> dict:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
 
 
-def _apply_env_overrides(raw: dict, environ: Mapping[str, str]) -> None:
-    for (section, key), var in ENV_OVERRIDES.items():
-        value = environ.get(var)
-        if value is None or value == "":
-            continue
-        expected = SCHEMA[section][key]
-        if expected is list:
-            parsed: object = [item.strip() for item in value.split(",")]
-        elif expected is int:
-            try:
-                parsed = int(value)
-            except ValueError:
-                raise ConfigError(f"{var}: {value!r} is not a whole number ({section}.{key})") from None
-        else:
-            parsed = value
-        raw.setdefault(section, {})[key] = parsed
-
-
-def _check_shape(raw: dict) -> None:
-    from .egress import sections
-
-    known = [*SCHEMA, *sections()]
-    for section in raw:
-        if section not in known:
-            raise ConfigError(f"{section}: unknown section (known: {', '.join(known)})")
-    for section, keys in SCHEMA.items():
-        values = raw.get(section, {})
-        if not isinstance(values, dict):
-            raise ConfigError(f"{section}: must be a table of keys")
-        for key in values:
-            if key not in keys:
-                raise ConfigError(f"{section}.{key}: unknown key (known: {', '.join(keys)})")
-        for key, expected in keys.items():
-            if key not in values:
-                if (section, key) in OPTIONAL_KEYS:
-                    continue
-                raise ConfigError(f"{section}.{key}: missing")
-            value = values[key]
-            # bool is an int in Python; a flag must not pass as a number or back.
-            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                raise ConfigError(
-                    f"{section}.{key}: expected {expected.__name__}, got {type(value).__name__} {value!r}"
-                )
-
-
-def _build(env: str, raw: dict, environ: Mapping[str, str]) -> Config:
-    from .egress import parse_sections
-
-    kafka = raw["kafka"]
-    topics = tuple(kafka["topics"])
-    if not topics:
-        raise ConfigError("kafka.topics: at least one topic is needed")
-    for topic in topics:
-        if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic) or topic in {".", ".."}:
-            raise ConfigError(f"kafka.topics: {topic!r} is not a valid Kafka topic name")
-    if not kafka["bootstrap_servers"].strip():
-        raise ConfigError("kafka.bootstrap_servers: must not be empty")
-    protocol = kafka["security_protocol"]
-    if protocol not in SECURITY_PROTOCOLS:
-        raise ConfigError(f"kafka.security_protocol: {protocol!r} is not one of {sorted(SECURITY_PROTOCOLS)}")
-    security = {**_sasl_settings(kafka, protocol, environ), **_tls_settings(kafka, protocol, environ)}
-    if kafka["starting_offsets"] not in {"earliest", "latest"}:
-        raise ConfigError(f"kafka.starting_offsets: {kafka['starting_offsets']!r} is not 'earliest' or 'latest'")
-    if kafka["max_offsets_per_trigger"] <= 0:
-        raise ConfigError("kafka.max_offsets_per_trigger: must be a positive number")
-    if raw["spark"]["shuffle_partitions"] <= 0:
-        raise ConfigError("spark.shuffle_partitions: must be a positive number")
-    if not raw["lakehouse"]["root"].strip():
-        raise ConfigError("lakehouse.root: must not be empty")
-    pipeline = raw["pipeline"]
-    duration_seconds(pipeline["gold_window"], "pipeline.gold_window")
-    duration_seconds(pipeline["trigger_interval"], "pipeline.trigger_interval")
-    downstream_trigger = pipeline.get("downstream_trigger_interval", DEFAULT_DOWNSTREAM_TRIGGER).strip()
-    duration_seconds(downstream_trigger, "pipeline.downstream_trigger_interval")
-    return Config(
-        env=env,
-        kafka=KafkaConfig(
-            bootstrap_servers=kafka["bootstrap_servers"].strip(),
-            topics=topics,
-            security_protocol=protocol,
-            sasl_mechanism=security.pop("sasl_mechanism", None),
-            starting_offsets=kafka["starting_offsets"],
-            max_offsets_per_trigger=kafka["max_offsets_per_trigger"],
-            fail_on_data_loss=kafka["fail_on_data_loss"],
-            **security,
-        ),
-        kafka_local_home=Path(raw["kafka_local"]["home"]).expanduser(),
-        lakehouse_root=_absolute_root(raw["lakehouse"]["root"]),
-        spark_master=raw["spark"]["master"],
-        shuffle_partitions=raw["spark"]["shuffle_partitions"],
-        spark_ui_enabled=raw["spark"]["ui_enabled"],
-        gold_window=pipeline["gold_window"].strip(),
-        trigger_interval=pipeline["trigger_interval"].strip(),
-        downstream_trigger_interval=downstream_trigger,
-        egress=parse_sections(raw, environ),
-    )
-
-
-def _sasl_settings(kafka: dict, protocol: str, environ: Mapping[str, str]) -> dict:
-    if protocol != "SASL_SSL":
-        # Credentials left in the environment for another cluster are ignored; keys in the
-        # config that cannot apply are a mistake worth stopping for.
-        for key in SASL_KEYS:
-            if key in kafka:
-                raise ConfigError(f"kafka.{key}: only valid with security_protocol SASL_SSL, not {protocol}")
-        return {}
-    mechanism = kafka.get("sasl_mechanism")
-    if mechanism not in SASL_MECHANISMS:
-        raise ConfigError(f"kafka.sasl_mechanism: {mechanism!r} is not one of {sorted(SASL_MECHANISMS)}")
-    username = environ.get(SASL_USERNAME_VAR) or kafka.get("sasl_username")
-    if not username or not username.strip():
-        raise ConfigError(
-            f"kafka.sasl_username: security_protocol SASL_SSL needs a user; set it or {SASL_USERNAME_VAR}"
-        )
-    password = secret(kafka, "sasl_password_file", environ, SASL_PASSWORD_VAR)
-    if password is None:
-        raise ConfigError(
-            f"kafka.sasl_password_file: security_protocol SASL_SSL needs a password; name a file holding it "
-            f"(kafka.sasl_password_file or KAFKA_SASL_PASSWORD_FILE) or set {SASL_PASSWORD_VAR}"
-        )
-    return {"sasl_mechanism": mechanism, "sasl_username": username.strip(), "sasl_password": password}
-
-
-def _tls_settings(kafka: dict, protocol: str, environ: Mapping[str, str]) -> dict:
-    if protocol not in TLS_PROTOCOLS:
-        for key in TLS_KEYS:
-            if key in kafka:
-                raise ConfigError(f"kafka.{key}: only valid with security_protocol SSL or SASL_SSL, not {protocol}")
-        return {}
-    settings: dict = {"ssl_endpoint_identification": kafka.get("ssl_endpoint_identification", True)}
-    if "ssl_ca_location" in kafka:
-        settings["ssl_ca_location"] = _pem_file(kafka, "ssl_ca_location", "CERTIFICATE")
-    certificate, key = kafka.get("ssl_certificate_location"), kafka.get("ssl_key_location")
-    if (certificate is None) != (key is None):
-        present, missing = ("ssl_certificate_location", "ssl_key_location")[:: 1 if certificate else -1]
-        raise ConfigError(f"kafka.{missing}: kafka.{present} is set, so mutual TLS needs both the certificate and key")
-    key_password = secret(kafka, "ssl_key_password_file", environ, SSL_KEY_PASSWORD_VAR)
-    if certificate is None:
-        if "ssl_key_password_file" in kafka:
-            raise ConfigError("kafka.ssl_key_password_file: set without kafka.ssl_key_location")
-        return settings
-    settings["ssl_certificate_location"] = _pem_file(kafka, "ssl_certificate_location", "CERTIFICATE")
-    settings["ssl_key_location"] = key_path = _pem_file(kafka, "ssl_key_location", "PRIVATE KEY")
-    key_pem = Path(key_path).read_text()
-    if "-----BEGIN RSA PRIVATE KEY-----" in key_pem or "-----BEGIN EC PRIVATE KEY-----" in key_pem:
-        # Spark's JVM client reads PKCS#8 only; librdkafka reads both.
-        raise ConfigError(
-            f"kafka.ssl_key_location: {key_path!r} is a PKCS#1/SEC1 key; convert it to PKCS#8 with "
-            "`openssl pkcs8 -topk8 -in key.pem -out key-pkcs8.pem` (add -nocrypt to leave it unencrypted)"
-        )
-    encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----" in key_pem
-    if encrypted and _PBES2_OID in _pem_der(key_pem):
-        # Java 17's PEM reader knows the older PBES1 schemes only; found here, not mid-stream.
-        raise ConfigError(
-            f"kafka.ssl_key_location: {key_path!r} is encrypted with PBES2, which Spark's JVM Kafka client "
-            "cannot read; re-encrypt it with `openssl pkcs8 -topk8 -v1 PBE-SHA1-3DES -in key.pem -out key-v1.pem` "
-            "or leave it unencrypted (-nocrypt) and readable by the pipeline's user only"
-        )
-    if encrypted and key_password is None:
-        raise ConfigError(
-            f"kafka.ssl_key_password_file: the key in kafka.ssl_key_location is encrypted; name a file holding "
-            f"its password (or KAFKA_SSL_KEY_PASSWORD_FILE) or set {SSL_KEY_PASSWORD_VAR}"
-        )
-    if not encrypted and key_password is not None:
-        raise ConfigError("kafka.ssl_key_password_file: the key in kafka.ssl_key_location is not encrypted")
-    settings["ssl_key_password"] = key_password
-    return settings
-
-
 _PBES2_OID = bytes.fromhex("06092a864886f70d01050d")  # DER of PBES2's object identifier, 1.2.840.113549.1.5.13
+
+
+def _is_encrypted(key_pem: str) -> bool:
+    return "-----BEGIN ENCRYPTED PRIVATE KEY-----" in key_pem
 
 
 def _pem_der(pem: str) -> bytes:
@@ -354,42 +697,17 @@ def _pem_der(pem: str) -> bytes:
         return b""
 
 
-def _pem_file(kafka: dict, key: str, kind: str) -> str:
-    path = Path(kafka[key]).expanduser().resolve()
+def _pem_file(location: str, key: str, kind: str) -> str:
+    path = Path(location).expanduser().resolve()
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"kafka.{key}: {str(path)!r} does not exist") from None
+        raise Invalid(key, f"{str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"kafka.{key}: {str(path)!r} cannot be read: {error.__class__.__name__}") from None
+        raise Invalid(key, f"{str(path)!r} cannot be read: {error.__class__.__name__}") from None
     if not re.search(rf"-----BEGIN [A-Z ]*{kind}-----", text):
-        raise ConfigError(f"kafka.{key}: {str(path)!r} holds no PEM {kind.lower()} (-----BEGIN ...{kind}-----)")
+        raise Invalid(key, f"{str(path)!r} holds no PEM {kind.lower()} (-----BEGIN ...{kind}-----)")
     return str(path)
-
-
-def secret(values: dict, key: str, environ: Mapping[str, str], var: str, section: str = "kafka") -> str | None:
-    """A secret from the file named by ``values[key]`` or from ``var``; never both, never shown.
-
-    Example::
-
-        secret({"password_file": "/run/pg"}, "password_file", os.environ, "POSTGRES_PASSWORD", "egress_postgres")
-    """
-    from_env = environ.get(var) or None
-    if key not in values:
-        return from_env
-    if from_env is not None:
-        raise ConfigError(f"{section}.{key}: set together with {var}; use one of them")
-    path = Path(values[key]).expanduser()
-    try:
-        # One trailing newline is how editors and `echo` end a file, not part of the secret.
-        secret = path.read_text().removesuffix("\n").removesuffix("\r")
-    except FileNotFoundError:
-        raise ConfigError(f"{section}.{key}: {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{section}.{key}: {str(path)!r} cannot be read: {error.__class__.__name__}") from None
-    if not secret:
-        raise ConfigError(f"{section}.{key}: {str(path)!r} is empty")
-    return secret
 
 
 def _absolute_root(root: str) -> str:

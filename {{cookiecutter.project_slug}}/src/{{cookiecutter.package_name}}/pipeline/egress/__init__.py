@@ -9,18 +9,27 @@ crash points) that follows gold's change data feed:
   together with a (stream id, batch id) marker row.
 
 A bake keeps the egresses it was asked for; this package finds the ones that are
-there, and a config section (``[egress_kafka]``, ``[egress_postgres]``) turns one on.
-Each module provides: ``SECTION``, ``STREAM``, ``ENV_OVERRIDES``, ``parse_settings``,
-``check_connection``, ``provision_local``, ``start``, ``describe``, and for the audit and
-``show``: ``read_back`` (the sink as its readers see it) and ``audit_errors``.
+there, and a config section (``[egress_kafka]``, ``[egress_postgres]``) turns one on. Each module
+is an ``Egress`` (the protocol below); ``configure`` parses each section that counts with that
+egress's own ``Settings``, so that the config module needs to know no egress.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Mapping
-from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, cast
+
+from ..config import Config, ConfigError, Section, load_section
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from ..contract import Contract
+    from ..delta.tables import Lakehouse
 
 EGRESS_MODULES = ("kafka", "postgres")
 SWITCH_VAR = "PIPELINE_EGRESS"
@@ -28,12 +37,34 @@ SWITCH_VAR = "PIPELINE_EGRESS"
 GOLD_VERSION = "gold_version"
 
 
+class Egress(Protocol):
+    """What an egress module provides (``kafka.py``, ``postgres.py``); the command line and the streams use no more."""
+
+    SECTION: str  # its config table, "egress_<name>"
+    STREAM: str  # its stream's name, "<name>_egress"
+    Settings: type[Section]  # the model of its table; env_prefix EGRESS_<NAME>_
+
+    def check_connection(self, config: Config) -> None: ...
+
+    def provision_local(self, config: Config) -> None: ...
+
+    def start(
+        self, spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = ...
+    ) -> DataStreamWriter: ...
+
+    def describe(self, config: Config) -> dict: ...
+
+    def read_back(self, spark: SparkSession, config: Config, contract: Contract = ...) -> DataFrame: ...
+
+    def audit_errors(self, spark: SparkSession, config: Config) -> dict[str, int]: ...
+
+
 def installed_names() -> tuple[str, ...]:
     """The stream names of the egresses this project has, without importing them (for the command line)."""
     return tuple(f"{name}_egress" for name in EGRESS_MODULES if importlib.util.find_spec(f"{__name__}.{name}"))
 
 
-def installed() -> dict[str, ModuleType]:
+def installed() -> dict[str, Egress]:
     """The egress modules this project has, by stream name (a bake prunes the others).
 
     Example::
@@ -43,49 +74,44 @@ def installed() -> dict[str, ModuleType]:
     found = {}
     for name in EGRESS_MODULES:
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            module = importlib.import_module(f"{__name__}.{name}")
+            module = cast(Egress, importlib.import_module(f"{__name__}.{name}"))
             found[module.STREAM] = module
     return found
 
 
-def sections() -> dict[str, ModuleType]:
-    """The config sections the installed egresses read, by section name."""
-    return {module.SECTION: module for module in installed().values()}
+def configure(config: Config, environ: Mapping[str, str] | None = None) -> Config:
+    """``config`` with the settings of every egress it turns on, by stream name; ConfigError names a bad key.
 
-
-def parse_sections(raw: dict, environ: Mapping[str, str]) -> dict[str, object]:
-    """Settings of every egress whose section is in the config, by stream name; ConfigError names a bad key.
-
-    Environment overrides apply to a section that is there: a variable alone turns no egress on.
-    PIPELINE_EGRESS narrows the sections that count: ``none``, or a comma-separated list of
-    section names (a backfill without egress, or tests of one layer).
+    Each ``[egress_<name>]`` table is parsed by its egress's ``Settings`` with the overrides ``environ``
+    holds (default os.environ, like load_config): a variable alone turns no egress on. A table of an
+    egress this project does not have is refused. PIPELINE_EGRESS narrows the tables that count:
+    ``none``, or a comma-separated list of table names (a backfill without egress, or tests of one layer).
 
     Example::
 
-        parse_sections({"egress_kafka": {"topic": "gold-changes"}}, {})  # {"kafka_egress": KafkaEgressSettings(...)}
+        config = configure(load_config())
+        sorted(config.egress)  # ["kafka_egress", "postgres_egress"] with both tables in the config
     """
-    from ..config import ConfigError
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    environ = os.environ if environ is None else environ
+    modules = {module.SECTION: module for module in installed().values()}
+    for section in config.egress_sections:
+        if section not in modules:
+            raise ConfigError(
+                f"{section}: unknown section: this project has no such egress "
+                f"(its egress sections: {', '.join(modules) or 'none'})"
+            )
+    chosen = _chosen_sections(set(config.egress_sections), environ)
+    settings = {
+        module.STREAM: load_section(module.Settings, config.egress_sections[section], environ, section)
+        for section, module in modules.items()
+        if section in chosen
+    }
+    return config.model_copy(update={"egress": settings})
 
-    chosen = _chosen_sections(raw, environ)
-    settings = {}
-    for section, module in sections().items():
-        if section not in chosen:
-            continue
-        values = raw[section]
-        if not isinstance(values, dict):
-            raise ConfigError(f"{section}: must be a table of keys")
-        values = dict(values)
-        for key, var in module.ENV_OVERRIDES.items():
-            if environ.get(var):
-                values[key] = environ[var]
-        settings[module.STREAM] = module.parse_settings(values, environ)
-    return settings
 
-
-def _chosen_sections(raw: dict, environ: Mapping[str, str]) -> set[str]:
-    from ..config import ConfigError
-
-    present = {section for section in sections() if section in raw}
+def _chosen_sections(present: set[str], environ: Mapping[str, str]) -> set[str]:
     value = environ.get(SWITCH_VAR, "").strip()
     if not value:
         return present
@@ -101,7 +127,7 @@ def _chosen_sections(raw: dict, environ: Mapping[str, str]) -> set[str]:
     return chosen
 
 
-def configured(config) -> dict[str, ModuleType]:
+def configured(config: Config) -> dict[str, Egress]:
     """The egress modules the config turns on, by stream name, in a fixed order.
 
     Example::
@@ -110,7 +136,24 @@ def configured(config) -> dict[str, ModuleType]:
             module.check_connection(config)
     """
     modules = installed()
-    return {stream: modules[stream] for stream in modules if stream in config.egress}
+    return {stream: modules[stream] for stream in modules if stream in settings_of(config)}
+
+
+def settings_of(config: Config) -> Mapping[str, Section]:
+    """The parsed settings of each egress the config turns on, by stream name.
+
+    Raises RuntimeError for a config whose egress tables ``configure`` has not parsed: an egress
+    must not go quietly off because a caller skipped that step.
+
+    Example::
+
+        settings_of(configure(load_config()))["kafka_egress"].topic  # "gold-changes"
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    if config.egress is None:
+        raise RuntimeError("the config's egress tables are not parsed yet: pass it through egress.configure first")
+    return config.egress
 
 
 def stream(name: str):

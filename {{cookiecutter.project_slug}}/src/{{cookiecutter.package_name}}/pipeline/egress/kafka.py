@@ -25,30 +25,29 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import TOPIC_PATTERN, Config, ConfigError
+from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
 from ..kafka.clients import client_config
 from ..recovery.checkpoints import CheckpointError, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..refusals import Refusal
+from . import settings_of
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
 
 SECTION = "egress_kafka"
 STREAM = "kafka_egress"
-ENV_OVERRIDES = {"topic": "EGRESS_KAFKA_TOPIC"}
 # The broker's default transaction.max.timeout.ms is 15 minutes.
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
 # The marker lives on one partition of the output topic: the offset the stream's
@@ -63,36 +62,18 @@ class EgressError(RuntimeError):
     """A batch could not be published; nothing of it is visible and the replay publishes it again."""
 
 
-@dataclass(frozen=True)
-class KafkaEgressSettings:
-    topic: str
-    # Longer than a batch can take: Kafka aborts a transaction open longer than this.
-    transaction_timeout_ms: int = 60_000
+class KafkaEgressSettings(Section):
+    """``[egress_kafka]``; EGRESS_KAFKA_TOPIC (and EGRESS_KAFKA_<KEY> for any key) overrides it."""
+
+    model_config = SettingsConfigDict(env_prefix="EGRESS_KAFKA_")
+
+    topic: TopicName
+    # Longer than a batch can take: Kafka aborts a transaction open longer than this. At most the
+    # broker's transaction.max.timeout.ms (15 minutes by default).
+    transaction_timeout_ms: int = Field(60_000, ge=1000, le=MAX_TRANSACTION_TIMEOUT_MS)
 
 
-def parse_settings(values: dict, environ: Mapping[str, str]) -> KafkaEgressSettings:
-    """The ``[egress_kafka]`` section, checked; ConfigError names the key.
-
-    Example::
-
-        parse_settings({"topic": "gold-changes"}, {})  # KafkaEgressSettings(topic="gold-changes", ...)
-    """
-    known = {"topic", "transaction_timeout_ms"}
-    for key in values:
-        if key not in known:
-            raise ConfigError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    topic = values.get("topic")
-    if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic) or topic in {".", ".."}:
-        raise ConfigError(f"{SECTION}.topic: {topic!r} is not a Kafka topic name (set it, or EGRESS_KAFKA_TOPIC)")
-    timeout = values.get("transaction_timeout_ms", 60_000)
-    if isinstance(timeout, str) and re.fullmatch(r"\d+", timeout):
-        timeout = int(timeout)
-    if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1000 <= timeout <= MAX_TRANSACTION_TIMEOUT_MS:
-        raise ConfigError(
-            f"{SECTION}.transaction_timeout_ms: {timeout!r} must be a whole number of milliseconds between 1000 "
-            f"and the broker's transaction.max.timeout.ms ({MAX_TRANSACTION_TIMEOUT_MS} by default)"
-        )
-    return KafkaEgressSettings(topic=topic, transaction_timeout_ms=timeout)
+Settings = KafkaEgressSettings
 
 
 def transactional_id(stream_id: str) -> str:
@@ -134,7 +115,7 @@ class KafkaEgress:
 
     Example::
 
-        egress = KafkaEgress(config, config.egress["kafka_egress"], stream_id)
+        egress = KafkaEgress(config, settings(config), stream_id)
         egress.publish(changes_batch, batch_id=7)
     """
 
@@ -298,7 +279,7 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
     return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers(config))
-        .option("subscribe", topic or config.egress[STREAM].topic)
+        .option("subscribe", topic or settings(config).topic)
         .option("kafka.isolation.level", "read_committed")
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
@@ -342,7 +323,7 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
 
 def check_connection(config: Config) -> None:
     """The output topic must exist (production topics are provisioned); ConfigError names the setting."""
-    topic = config.egress[STREAM].topic
+    topic = settings(config).topic
     metadata = AdminClient(client_config(config)).list_topics(timeout=30)
     described = metadata.topics.get(topic)
     if described is None or described.error is not None:
@@ -354,7 +335,7 @@ def check_connection(config: Config) -> None:
 
 def provision_local(config: Config) -> None:
     """Create the output topic on the development broker, compacted: a changelog keeps each key's newest value."""
-    topic = config.egress[STREAM].topic
+    topic = settings(config).topic
     admin = AdminClient(client_config(config))
     if topic in admin.list_topics(timeout=30).topics:
         return
@@ -363,8 +344,13 @@ def provision_local(config: Config) -> None:
 
 
 def describe(config: Config) -> dict:
-    settings = config.egress[STREAM]
-    return {"output_topic": settings.topic, "isolation_level_for_consumers": "read_committed"}
+    """Where the egress writes, and how consumers must read it.
+
+    Example::
+
+        describe(config)  # {"output_topic": "gold-changes", "isolation_level_for_consumers": "read_committed"}
+    """
+    return {"output_topic": settings(config).topic, "isolation_level_for_consumers": "read_committed"}
 
 
 def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
@@ -376,7 +362,7 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
 
         start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
     """
-    egress = KafkaEgress(config, config.egress[STREAM], stream_id, contract)
+    egress = KafkaEgress(config, settings(config), stream_id, contract)
     committed = egress.committed_batch()
     planned = last_planned_batch(spark, lakehouse.checkpoint(STREAM))
     if committed is not None and (planned is None or committed > planned):
@@ -398,3 +384,16 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
             egress.publish(changes, batch_id)
 
     return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
+
+
+def settings(config: Config) -> KafkaEgressSettings:
+    """This egress's settings in ``config`` (parsed by ``egress.configure``); ValueError when it is off.
+
+    Example::
+
+        settings(config).topic  # "gold-changes"
+    """
+    found = settings_of(config).get(STREAM)
+    if not isinstance(found, KafkaEgressSettings):
+        raise ValueError(f"config must turn on the [{SECTION}] section")
+    return found

@@ -12,31 +12,31 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Config, ConfigError, secret
+from ..config import Config, ConfigError, Section, Text
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
 from ..refusals import Refusal
+from . import settings_of
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
 
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
-ENV_OVERRIDES = {key: f"EGRESS_POSTGRES_{key.upper()}" for key in ("dsn", "table", "password_file", "stage_above_rows")}
-ENV_OVERRIDES["local_home"] = "POSTGRES_LOCAL_HOME"  # like KAFKA_LOCAL_HOME
-PASSWORD_VAR = "EGRESS_POSTGRES_PASSWORD"
 LOCAL_DSN = "local"  # the server of `postgres-local start`; the command line resolves it
 MARKER, STAGING, KEY, STAGING_KEY = "_egress_batches", "_egress_staging", "_gold_key", "_egress_staging_key"
 TABLES, CONSTRAINTS = {"table": "", "marker": MARKER, "staging": STAGING}, {"unique": KEY, "staged_key": STAGING_KEY}
@@ -84,49 +84,51 @@ STAGED_BATCH = "SELECT * FROM {staging} WHERE stream_id = %s AND batch_id = %s"
 CLEAR_STAGED = "DELETE FROM {staging} WHERE stream_id = %s AND batch_id <= %s"
 
 
-@dataclass(frozen=True)
-class PostgresEgressSettings:
-    dsn: str  # libpq key=value string, or "local"
-    table: str
-    password: str | None = field(default=None, repr=False)
-    stage_above_rows: int = 10_000
-    local_home: str = ".postgres-local"
+class PostgresEgressSettings(Section):
+    """``[egress_postgres]``; EGRESS_POSTGRES_<KEY> overrides a key, EGRESS_POSTGRES_PASSWORD is the password.
 
-
-def parse_settings(values: Mapping, environ: Mapping[str, str]) -> PostgresEgressSettings:
-    """The ``[egress_postgres]`` section, checked; ConfigError names the key and never shows a secret.
-
-    Example::
-
-        parse_settings({"dsn": "host=db dbname=app user=egress", "table": "gold_event_windows"}, os.environ)
+    The password is read once, here, from the environment or the file named by password_file: it
+    travels with the settings to the executors that stage rows, and is never shown.
     """
-    if not isinstance(values, Mapping):
-        raise TypeError(f"values must be a mapping, not {type(values).__name__}")
-    known = {"dsn", "table", "password_file", "stage_above_rows", "local_home"}
-    for key in set(values) - known:
-        raise ConfigError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    dsn = values.get("dsn")
-    try:
-        params = {} if dsn == LOCAL_DSN else conninfo_to_dict(dsn) if isinstance(dsn, str) and dsn.strip() else None
-    except psycopg.ProgrammingError:  # not its message: it quotes pieces of the string, a password perhaps
-        params = None
-    if params is None:
-        raise ConfigError(f"{SECTION}.dsn: is not a libpq connection string 'host=... dbname=... user=...' or 'local'")
-    if "password" in params:
-        raise ConfigError(f"{SECTION}.dsn: holds a password; secrets go in password_file or {PASSWORD_VAR}, not here")
-    table = values.get("table")
-    if not isinstance(table, str) or not TABLE_PATTERN.fullmatch(table):
-        raise ConfigError(f"{SECTION}.table: {table!r} is not name or schema.name ([a-z_][a-z0-9_]*, {MAX_NAME} max)")
-    stage = values.get("stage_above_rows", 10_000)
-    stage = int(stage) if isinstance(stage, str) and stage.strip().isdigit() else stage  # from the environment
-    if not isinstance(stage, int) or isinstance(stage, bool) or stage <= 0:
-        raise ConfigError(f"{SECTION}.stage_above_rows: {stage!r} must be a whole number of rows above 0")
-    home = values.get("local_home", ".postgres-local")
-    for key, value in (("local_home", home), ("password_file", values.get("password_file", "-"))):
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{SECTION}.{key}: must be a path")
-    password = secret(dict(values), "password_file", environ, PASSWORD_VAR, SECTION)
-    return PostgresEgressSettings(dsn, table, password, stage, home.strip())
+
+    model_config = SettingsConfigDict(env_prefix="EGRESS_POSTGRES_")
+
+    dsn: str  # libpq key=value string (or URI), or "local"
+    table: str
+    password_file: Text | None = None
+    password: SecretStr | None = Field(None, validate_default=True)  # or read from password_file
+    stage_above_rows: int = Field(10_000, gt=0)
+    # Where `postgres-local start` keeps the development server; POSTGRES_LOCAL_HOME too, like KAFKA_LOCAL_HOME.
+    local_home: Text = Field(".postgres-local", validation_alias=AliasChoices("local_home", "POSTGRES_LOCAL_HOME"))
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, dsn: str) -> str:
+        try:
+            params = {} if dsn == LOCAL_DSN else conninfo_to_dict(dsn) if dsn.strip() else None
+        except psycopg.ProgrammingError:  # not its message: it quotes pieces of the string, a password perhaps
+            params = None
+        if params is None:
+            raise ValueError("is not a libpq connection string 'host=... dbname=... user=...' or 'local'")
+        if "password" in params:
+            raise ValueError(f"holds a password; secrets go in password_file or {PASSWORD_VAR}, not here")
+        return dsn
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, table: str) -> str:
+        if not TABLE_PATTERN.fullmatch(table):
+            raise ValueError(f"{table!r} is not name or schema.name ([a-z_][a-z0-9_]*, {MAX_NAME} max)")
+        return table
+
+    @field_validator("password")
+    @classmethod
+    def _password(cls, password: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        return cls.secret(password, info)
+
+
+Settings = PostgresEgressSettings
+PASSWORD_VAR = PostgresEgressSettings.variables("password")[0]
 
 
 def _connect(settings: PostgresEgressSettings) -> psycopg.Connection:
@@ -135,7 +137,8 @@ def _connect(settings: PostgresEgressSettings) -> psycopg.Connection:
         raise ConfigError(f"{SECTION}.dsn: is 'local' but names no server; run `postgres-local start` first")
     params = conninfo_to_dict(settings.dsn)
     opts = " ".join(filter(None, [params.get("options"), "-c TimeZone=UTC"]))
-    return psycopg.connect(settings.dsn, password=settings.password, options=opts, connect_timeout=10, autocommit=True)
+    password = settings.password.get_secret_value() if settings.password is not None else None
+    return psycopg.connect(settings.dsn, password=password, options=opts, connect_timeout=10, autocommit=True)
 
 
 def _as_text(latest: DataFrame, layout: _Layout) -> DataFrame:
@@ -220,12 +223,12 @@ class PostgresEgress:
 
     Example::
 
-        PostgresEgress(config.egress["postgres_egress"], stream_id).apply(changes_batch, batch_id=7)
+        PostgresEgress(settings(config), stream_id).apply(changes_batch, batch_id=7)
     """
 
     def __init__(self, settings: PostgresEgressSettings, stream_id: str, contract: Contract = EVENTS) -> None:
         if not isinstance(settings, PostgresEgressSettings) or not TABLE_PATTERN.fullmatch(settings.table):
-            raise TypeError(f"settings must be PostgresEgressSettings from parse_settings, not {settings!r}")
+            raise TypeError(f"settings must be PostgresEgressSettings, not {settings!r}")
         if not stream_id or not isinstance(stream_id, str):
             raise ValueError("stream_id is needed: the marker row is keyed on it")
         self.settings, self.stream_id, self.contract = settings, stream_id, contract
@@ -298,17 +301,17 @@ def check_connection(config: Config) -> None:
 
         check_connection(config)  # before Spark starts: a refused login stops the run with exit 2
     """
-    settings = _settings(config)
+    checked = settings(config)
     try:
-        with _connect(settings) as conn:
+        with _connect(checked) as conn:
             if conn.info.server_version < 150000:  # UNIQUE NULLS NOT DISTINCT: a null dimension is still one key
                 raise ConfigError(f"{SECTION}.dsn: the server runs PostgreSQL before 15; the egress needs 15 or later")
     except psycopg.OperationalError as error:
         reason = " ".join(str(error).split())  # libpq's: it names host and user, never the password
         if not AUTH_FAILED.search(reason):
-            raise ConfigError(f"{SECTION}.dsn: cannot connect with {settings.dsn!r}: {reason}") from None
+            raise ConfigError(f"{SECTION}.dsn: cannot connect with {checked.dsn!r}: {reason}") from None
         fix = f"put its password in the file named there (or EGRESS_POSTGRES_PASSWORD_FILE), or in {PASSWORD_VAR}"
-        user = conninfo_to_dict(settings.dsn).get("user")
+        user = conninfo_to_dict(checked.dsn).get("user")
         raise ConfigError(f"{SECTION}.password_file: PostgreSQL refused user {user!r} ({reason}); {fix}") from None
 
 
@@ -324,14 +327,14 @@ def provision_local(config: Config) -> None:
 
 
 def describe(config: Config) -> dict:
-    """Where the egress writes; the dsn holds no password (parse_settings refuses one there).
+    """Where the egress writes; the dsn holds no password (the settings refuse one there).
 
     Example::
 
         describe(config)  # {"table": "gold_event_windows", "marker_table": "gold_event_windows_egress_batches", ...}
     """
-    layout = _Layout.of(_settings(config).table, EVENTS)
-    return {"table": layout.qualified(), "marker_table": layout.qualified(MARKER), "dsn": _settings(config).dsn}
+    layout = _Layout.of(settings(config).table, EVENTS)
+    return {"table": layout.qualified(), "marker_table": layout.qualified(MARKER), "dsn": settings(config).dsn}
 
 
 def read_back(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> DataFrame:
@@ -357,15 +360,22 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
     return {f"{STREAM}_markers_of_other_streams": max(markers - 1, 0)}
 
 
-def _settings(config: Config) -> PostgresEgressSettings:
-    if not isinstance(config, Config) or not isinstance(config.egress.get(STREAM), PostgresEgressSettings):
-        raise ValueError(f"config must be a Config with the [{SECTION}] section")
-    return config.egress[STREAM]
+def settings(config: Config) -> PostgresEgressSettings:
+    """This egress's settings in ``config`` (parsed by ``egress.configure``); ValueError when it is off.
+
+    Example::
+
+        settings(config).table  # "gold_event_windows"
+    """
+    found = settings_of(config).get(STREAM)
+    if not isinstance(found, PostgresEgressSettings):
+        raise ValueError(f"config must turn on the [{SECTION}] section")
+    return found
 
 
 def _read(config: Config, contract: Contract, query: str, **parts: sql.Composable) -> list[tuple]:
-    layout = _Layout.of(_settings(config).table, contract)
-    with _connect(_settings(config)) as conn:
+    layout = _Layout.of(settings(config).table, contract)
+    with _connect(settings(config)) as conn:
         # Reading changes nothing: before the stream's first start there are no tables, and no rows.
         if conn.execute("SELECT to_regclass(%s)", [layout.sql("{marker}").as_string(conn)]).fetchone()[0] is None:
             return []
@@ -381,7 +391,7 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     """
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
-    egress = PostgresEgress(_settings(config), stream_id, contract)
+    egress = PostgresEgress(settings(config), stream_id, contract)
     marker, checkpoint = egress.committed_batch(), lakehouse.checkpoint(STREAM)
     planned, done = last_planned_batch(spark, checkpoint), last_committed_batch(spark, checkpoint)
     ahead = marker is not None and (planned is None or marker > planned)

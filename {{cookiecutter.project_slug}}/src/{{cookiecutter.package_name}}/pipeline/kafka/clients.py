@@ -2,7 +2,8 @@
 
 Spark's Kafka source (a JVM client) and the confluent-kafka clients (librdkafka) are
 configured here from the same KafkaConfig, so TLS and SASL settings cannot drift
-apart between bronze, the audit, the producers and the admin calls.
+apart between bronze, the audit, the producers and the admin calls. Its secrets are SecretStr
+and are unwrapped only here, in the settings handed to a client.
 """
 
 from __future__ import annotations
@@ -71,13 +72,13 @@ def client_config(config: Config, **extra: object) -> dict:
             settings["ssl.certificate.location"] = kafka.ssl_certificate_location
             settings["ssl.key.location"] = kafka.ssl_key_location
             if kafka.ssl_key_password is not None:
-                settings["ssl.key.password"] = kafka.ssl_key_password
+                settings["ssl.key.password"] = kafka.ssl_key_password.get_secret_value()
     if kafka.sasl_mechanism:
         settings.update(
             {
                 "sasl.mechanism": kafka.sasl_mechanism,
                 "sasl.username": kafka.sasl_username,
-                "sasl.password": kafka.sasl_password,
+                "sasl.password": kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
             }
         )
     settings.update(extra)
@@ -109,10 +110,10 @@ def spark_security_options(config: Config) -> dict[str, str]:
             options["kafka.ssl.keystore.certificate.chain"] = Path(kafka.ssl_certificate_location).read_text()
             options["kafka.ssl.keystore.key"] = Path(kafka.ssl_key_location or "").read_text()
             if kafka.ssl_key_password is not None:
-                options["kafka.ssl.key.password"] = kafka.ssl_key_password
+                options["kafka.ssl.key.password"] = kafka.ssl_key_password.get_secret_value()
     if kafka.sasl_mechanism:
         user = _jaas_quote(kafka.sasl_username or "")
-        password = _jaas_quote(kafka.sasl_password or "")
+        password = _jaas_quote(kafka.sasl_password.get_secret_value() if kafka.sasl_password else "")
         options["kafka.sasl.mechanism"] = kafka.sasl_mechanism
         # Spark redacts option values that contain "password" from its logs and UI.
         options["kafka.sasl.jaas.config"] = (
