@@ -15,6 +15,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     STREAM,
     PostgresEgress,
     PostgresEgressSettings,
+    _connect,
     audit_errors,
     check_connection,
     describe,
@@ -209,6 +211,114 @@ def test_a_large_batch_is_staged_by_the_executors_and_the_staging_table_ends_emp
         start(spark, config, lakehouse, stream_id)
 
 
+def gold_changes_since(spark, config, version: int):
+    """Gold's change feed from ``version`` on: what the egress stream hands a batch."""
+    changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+    return changes.load(gold_path(config))
+
+
+def gold_version(spark, config) -> int:
+    return DeltaTable.forPath(spark, gold_path(config)).history(1).first().version
+
+
+def test_a_marker_row_deleted_or_rolled_back_under_a_running_stream_is_refused_until_a_reset(
+    spark, config, postgres, monkeypatch
+):
+    config = with_egress(config, postgres, "gold_marker")
+    produce_events(config, 200, seed=7)
+    run_available_now(spark, config)
+    egress = PostgresEgress(settings(config), "running-stream")
+    assert egress.apply(gold_changes_since(spark, config, 0), 0) > 0
+    produce_events(config, 100, seed=8, start=EVENT_START + timedelta(minutes=7))
+    before = gold_version(spark, config)
+    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    assert egress.apply(gold_changes_since(spark, config, before + 1), 1) > 0
+    mirrored = row_versions(postgres, "gold_marker")
+
+    # Rolled back under the stream (a restore of the marker table): batch 2 would land on a table
+    # that is not known to hold batch 1. Refused, and nothing written.
+    with connect(postgres) as conn:
+        conn.execute("UPDATE gold_marker_egress_batches SET batch_id = 0 WHERE stream_id = 'running-stream'")
+    with pytest.raises(checkpoints.CheckpointError, match=r"holds batch 0 for stream running-stream where batch 2 "):
+        egress.apply(gold_changes_since(spark, config, before + 1), 2)
+    # Deleted: never made again. The message names the way out.
+    with connect(postgres) as conn:
+        conn.execute("DELETE FROM gold_marker_egress_batches")
+    gone = r"holds no row for stream running-stream where batch 2 needs batch 1.*reset postgres_egress"
+    with pytest.raises(checkpoints.CheckpointError, match=gone):
+        egress.apply(gold_changes_since(spark, config, before + 1), 2)
+    assert row_versions(postgres, "gold_marker") == mirrored[:-1]  # the rows untouched, the marker gone
+    assert table_mirror(postgres, "gold_marker") == gold_mirror(spark, config)
+
+    # The pipeline's own stream, its marker deleted too, then the way out, through the command line.
+    with connect(postgres) as conn:
+        conn.execute("DELETE FROM gold_marker_egress_batches")
+    monkeypatch.setenv("PIPELINE_EGRESS", "egress_postgres")
+    monkeypatch.setenv("EGRESS_POSTGRES_DSN", postgres[0])
+    monkeypatch.setenv("EGRESS_POSTGRES_PASSWORD", postgres[1])
+    monkeypatch.setenv("EGRESS_POSTGRES_TABLE", "gold_marker")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", config.kafka.bootstrap_servers)
+    monkeypatch.setenv("KAFKA_TOPICS", ",".join(config.kafka.topics))
+    monkeypatch.setenv("LAKEHOUSE_ROOT", config.lakehouse_root)
+    assert main(["run", "--layer", STREAM, "--available-now"]) == 3
+    assert main(["checkpoints", "reset", STREAM, "--yes"]) == 0
+    with connect(postgres) as conn:
+        conn.execute("INSERT INTO gold_marker VALUES ('2020-01-01 00:00Z', '2020-01-01 00:01Z', 'stale', 1, 1.00, 1)")
+    assert main(["run", "--layer", STREAM, "--available-now"]) == 0
+    # A new stream id's batch 0 is gold's snapshot: every row carries the snapshot's version.
+    values = {key: found[:-1] for key, found in table_mirror(postgres, "gold_marker").items()}
+    assert values == {key: expected[:-1] for key, expected in gold_mirror(spark, config).items()}
+    [(stream_id, batch)] = markers(postgres, "gold_marker").items()
+    assert stream_id == checkpoints.read_stream_id(spark, str(egress_checkpoint(config)), STREAM) and batch == 0
+
+
+def test_a_session_left_inside_its_transaction_is_ended_by_the_server_and_the_next_batch_goes_on(
+    spark, config, postgres
+):
+    timeouts = {"idle_in_transaction_timeout": "2 seconds", "lock_timeout": "1 minute"}
+    config = with_egress(config, postgres, "gold_orphan", **timeouts)
+    produce_events(config, 200, seed=9)
+    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    egress = PostgresEgress(settings(config), "orphaned")
+    egress.apply(gold_changes_since(spark, config, 0), 0)
+
+    # A session of the egress that moved the marker and never got to COMMIT, its process paused or
+    # cut off without the server noticing: it holds the marker row's lock.
+    orphan = _connect(settings(config))
+    orphan.execute("BEGIN")
+    orphan.execute("SELECT batch_id FROM gold_orphan_egress_batches WHERE stream_id = 'orphaned' FOR UPDATE")
+
+    produce_events(config, 100, seed=10, start=EVENT_START + timedelta(minutes=9))
+    before = gold_version(spark, config)
+    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    assert egress.apply(gold_changes_since(spark, config, before + 1), 1) > 0
+
+    assert table_mirror(postgres, "gold_orphan") == gold_mirror(spark, config)
+    assert markers(postgres, "gold_orphan") == {"orphaned": 1}
+    with pytest.raises(psycopg.Error):  # the server ended it
+        orphan.execute("SELECT 1")
+    orphan.close()
+
+
+def test_a_batch_that_waits_longer_than_lock_timeout_fails_naming_the_setting_and_the_holder(spark, config, postgres):
+    timeouts = {"idle_in_transaction_timeout": "1 second", "lock_timeout": "2 seconds"}
+    config = with_egress(config, postgres, "gold_locked", **timeouts)
+    produce_events(config, 100, seed=11)
+    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    egress = PostgresEgress(settings(config), "locked")
+    egress.apply(gold_changes_since(spark, config, 0), 0)
+    # A session the egress's idle timeout does not cover (another client, or one of ours busy in a
+    # statement) holds the marker row: the batch waits lock_timeout, then fails naming both.
+    with connect(postgres) as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT batch_id FROM gold_locked_egress_batches WHERE stream_id = 'locked' FOR UPDATE")
+        pid = holder.info.backend_pid
+        with pytest.raises(TimeoutError, match=rf"^egress_postgres\.lock_timeout: waited 2 seconds .*pid {pid} "):
+            egress.apply(gold_changes_since(spark, config, 0), 1)
+        holder.execute("ROLLBACK")
+    assert markers(postgres, "gold_locked") == {"locked": 0}
+
+
 # --- through the command line, in a process of its own -------------------------------------------------
 
 
@@ -314,6 +424,9 @@ def test_check_connection_names_the_setting_to_fix_and_never_the_password(config
         ({"stage_above_rows": "many"}, {}, r"egress_postgres\.stage_above_rows: "),
         ({"password_file": "/nonexistent/pw"}, {}, r"egress_postgres\.password_file: .* does not exist"),
         ({"password_file": "/pw"}, {"EGRESS_POSTGRES_PASSWORD": "pw"}, r"egress_postgres\.password_file: .*together"),
+        ({"lock_timeout": "30 seconds"}, {}, r"egress_postgres\.lock_timeout: .*longer than idle_in_transaction"),
+        ({"idle_in_transaction_timeout": "soon"}, {}, r"egress_postgres\.idle_in_transaction_timeout: 'soon' is not"),
+        ({}, {"EGRESS_POSTGRES_KEEPALIVE_IDLE": "0 seconds"}, r"egress_postgres\.keepalive_idle: .*longer than zero"),
     ],
 )
 def test_settings_refusals_name_the_key(values, environ, message):

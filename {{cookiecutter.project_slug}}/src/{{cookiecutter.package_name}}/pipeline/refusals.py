@@ -282,6 +282,16 @@ class Refusal(Enum):
         "emptied by another stream id's batch 0).",
         way_out="{reset}: a new stream id mirrors gold again from its current rows.",
     )
+    POSTGRES_MARKER_MOVED = Entry(
+        title="The PostgreSQL egress's marker row changed under a running stream",
+        egress="postgres_egress",
+        happened="while the stream ran, its marker row was deleted, restored from a backup or rolled back, or "
+        "another stream id's batch 0 replaced the table's rows",
+        found="{marker} holds {found} for stream {stream_id} where batch {batch} needs {expected}: the table "
+        "does not hold the batches before this one, so applying it (or making the marker again) would mirror "
+        "gold wrongly.",
+        way_out="{reset}: a new stream id mirrors gold again from its current rows.",
+    )
     POSTGRES_TABLE_LAYOUT = Entry(
         title="A PostgreSQL egress table of another layout",
         egress="postgres_egress",

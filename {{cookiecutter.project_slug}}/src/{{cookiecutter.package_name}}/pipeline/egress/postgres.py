@@ -1,7 +1,8 @@
 """PostgreSQL egress: gold mirrored into a table exactly once, one database transaction per batch.
 
-The marker row (stream id, batch id) of ``<table>_egress_batches`` moves forward first (no row back:
-a replay, nothing else is done), the batch's rows are upserted and its deleted keys removed, and the
+The marker row (stream id, batch id) of ``<table>_egress_batches`` moves forward first, and only from
+the batch before (at this batch: a replay, nothing else is done; anywhere else, or missing after batch
+0: refused, never re-created), the batch's rows are upserted and its deleted keys removed, and the
 COMMIT makes rows and marker visible together; a driver killed before it leaves nothing. Large batches
 are first staged by the executors in ``<table>_egress_staging``, keyed on (stream id, batch id, gold
 key) so that a retried task overwrites its rows. Batch 0 of a stream id (gold's snapshot) replaces
@@ -19,12 +20,12 @@ from functools import partial
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Config, ConfigError, Section, Text
+from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
@@ -64,10 +65,12 @@ COLUMNS = (
     "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
     "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
 )
+# The marker row is locked for the batch's transaction: read, checked, then moved by one batch.
+LOCK_MARKER = "SELECT batch_id FROM {marker} WHERE stream_id = %s FOR UPDATE"
+FIRST_MARKER = "INSERT INTO {marker} (stream_id, batch_id, gold_version) VALUES (%s, %s, %s)"
 MOVE_MARKER = (
-    "INSERT INTO {marker} AS m (stream_id, batch_id, gold_version) VALUES (%s, %s, %s) ON CONFLICT (stream_id) "
-    "DO UPDATE SET batch_id = EXCLUDED.batch_id, gold_version = COALESCE(EXCLUDED.gold_version, m.gold_version), "
-    "committed_at = now() WHERE m.batch_id < EXCLUDED.batch_id RETURNING batch_id"
+    "UPDATE {marker} SET batch_id = %s, gold_version = COALESCE(%s, gold_version), committed_at = now() "
+    "WHERE stream_id = %s"
 )
 UPSERT = (
     "INSERT INTO {table} ({gold}) SELECT {gold} FROM ({source}) AS s WHERE NOT s.deleted "
@@ -80,6 +83,11 @@ STAGE = (
     "ON CONFLICT ON CONSTRAINT {staged_key} DO UPDATE SET {update}"
 )
 MARKED = "SELECT batch_id FROM {marker} WHERE stream_id = %s"
+# Who holds the marker row: the row's xmax is the transaction that locked it (a lone locker's).
+HOLDERS = (
+    "SELECT a.pid, a.state, now() - a.xact_start FROM {marker} AS m "
+    "JOIN pg_stat_activity AS a ON a.backend_xid::text = m.xmax::text WHERE m.stream_id = %s"
+)
 STAGED_BATCH = "SELECT * FROM {staging} WHERE stream_id = %s AND batch_id = %s"
 CLEAR_STAGED = "DELETE FROM {staging} WHERE stream_id = %s AND batch_id <= %s"
 
@@ -100,6 +108,13 @@ class PostgresEgressSettings(Section):
     stage_above_rows: int = Field(10_000, gt=0)
     # Where `postgres-local start` keeps the development server; POSTGRES_LOCAL_HOME too, like KAFKA_LOCAL_HOME.
     local_home: Text = Field(".postgres-local", validation_alias=AliasChoices("local_home", "POSTGRES_LOCAL_HOME"))
+    # The server ends a session of this egress left idle inside a transaction (its process paused, gone or cut
+    # off before COMMIT), which frees the marker row it holds; a batch waits for that row at most
+    # lock_timeout, so lock_timeout is the longer of the two and a batch outlives an orphaned session.
+    idle_in_transaction_timeout: Duration = "1 minute"
+    lock_timeout: Duration = "2 minutes"
+    # TCP keepalive probes after this much silence, both ways: a dead peer is found in about twice this.
+    keepalive_idle: Duration = "30 seconds"
 
     @field_validator("dsn")
     @classmethod
@@ -126,19 +141,55 @@ class PostgresEgressSettings(Section):
     def _password(cls, password: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         return cls.secret(password, info)
 
+    @model_validator(mode="after")
+    def _lock_outlives_idle(self) -> PostgresEgressSettings:
+        idle, lock = (duration_seconds(value, key) for key, value in self.session_timeouts().items())
+        if lock <= idle:
+            raise Invalid(
+                "lock_timeout",
+                f"{self.lock_timeout!r} must be longer than idle_in_transaction_timeout "
+                f"{self.idle_in_transaction_timeout!r}: a batch must outwait a session the server ends",
+            )
+        return self
+
+    def session_timeouts(self) -> dict[str, str]:
+        """The two session timeouts, by key (idle first): what _connect sets and what a refusal names."""
+        return {"idle_in_transaction_timeout": self.idle_in_transaction_timeout, "lock_timeout": self.lock_timeout}
+
 
 Settings = PostgresEgressSettings
 PASSWORD_VAR = PostgresEgressSettings.variables("password")[0]
 
 
 def _connect(settings: PostgresEgressSettings) -> psycopg.Connection:
-    # Autocommit: explicit transaction blocks. UTC: timestamps read back as stored. A timeout, never a hang.
+    # Autocommit: explicit transaction blocks. UTC: timestamps read back as stored. Timeouts, never a hang:
+    # at connect, on a lock, for a session of ours left in a transaction, and keepalives both ways.
     if settings.dsn == LOCAL_DSN:
         raise ConfigError(f"{SECTION}.dsn: is 'local' but names no server; run `postgres-local start` first")
     params = conninfo_to_dict(settings.dsn)
-    opts = " ".join(filter(None, [params.get("options"), "-c TimeZone=UTC"]))
+    idle, lock = (duration_seconds(value, key) for key, value in settings.session_timeouts().items())
+    keepalive = duration_seconds(settings.keepalive_idle, "keepalive_idle")
+    server = {
+        "TimeZone": "UTC",
+        "idle_in_transaction_session_timeout": f"{idle}s",
+        "lock_timeout": f"{lock}s",
+        "tcp_keepalives_idle": keepalive,
+        "tcp_keepalives_interval": max(keepalive // 3, 1),
+        "tcp_keepalives_count": 3,
+    }
+    opts = " ".join(filter(None, [params.get("options"), *(f"-c {name}={value}" for name, value in server.items())]))
     password = settings.password.get_secret_value() if settings.password is not None else None
-    return psycopg.connect(settings.dsn, password=password, options=opts, connect_timeout=10, autocommit=True)
+    return psycopg.connect(
+        settings.dsn,
+        password=password,
+        options=opts,
+        connect_timeout=10,
+        autocommit=True,
+        keepalives=1,
+        keepalives_idle=keepalive,
+        keepalives_interval=max(keepalive // 3, 1),
+        keepalives_count=3,
+    )
 
 
 def _as_text(latest: DataFrame, layout: _Layout) -> DataFrame:
@@ -276,9 +327,14 @@ class PostgresEgress:
         # The batch's one transaction: marker first, then its rows from ``rows`` (COPY) or from staging (None).
         layout, stream = self.layout, self.stream_id
         with _connect(self.settings) as conn, conn.transaction(), conn.cursor() as cur:
-            if cur.execute(layout.sql(MOVE_MARKER), (stream, batch_id, gold_version)).fetchone() is None:
+            marker = self._lock_marker(cur, batch_id)
+            if marker == batch_id:
                 cur.execute(layout.sql(CLEAR_STAGED), (stream, batch_id))  # a replay: only what it staged goes
                 return False
+            if marker is None:
+                cur.execute(layout.sql(FIRST_MARKER), (stream, batch_id, gold_version))
+            else:
+                cur.execute(layout.sql(MOVE_MARKER), (batch_id, gold_version, stream))
             if batch_id == 0:
                 # Gold's full snapshot for a new stream id: afterwards the table holds exactly gold's rows.
                 cur.execute(layout.sql("DELETE FROM {table}"))
@@ -292,6 +348,44 @@ class PostgresEgress:
             cur.execute(layout.sql(CLEAR_STAGED), (stream, batch_id))
             reach(STREAM, AFTER_PRE_COMMIT, batch_id)
         return True
+
+    def _lock_marker(self, cur: psycopg.Cursor, batch_id: int) -> int | None:
+        """The stream's marker, locked until COMMIT; CheckpointError unless it is at this batch or the one before.
+
+        Batch 0 of a stream id is the one batch that finds no marker. Anything else means the row was
+        deleted, restored or rolled back while the stream ran (or another stream id's batch 0 took the
+        table over): moving it on, or making it again, would add this batch's changes to a table that
+        does not hold the batches before.
+        """
+        try:
+            found = cur.execute(self.layout.sql(LOCK_MARKER), [self.stream_id]).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            raise self._lock_timeout() from None
+        marker = found[0] if found else None
+        expected = batch_id - 1 if batch_id > 0 else None
+        if marker in (batch_id, expected):
+            return marker
+        raise CheckpointError(
+            Refusal.POSTGRES_MARKER_MOVED.message(
+                STREAM,
+                marker=self.layout.qualified(MARKER),
+                stream_id=self.stream_id,
+                found="no row" if marker is None else f"batch {marker}",
+                batch=batch_id,
+                expected="no row" if expected is None else f"batch {expected}",
+            )
+        )
+
+    def _lock_timeout(self) -> TimeoutError:
+        # Asked on a new session: the one that waited is aborted. Not a refusal: a retry may pass.
+        with _connect(self.settings) as conn:
+            holders = conn.execute(self.layout.sql(HOLDERS), [self.stream_id]).fetchall()
+        held = "; ".join(f"pid {pid} ({state}, in its transaction for {age})" for pid, state, age in holders)
+        return TimeoutError(
+            f"{SECTION}.lock_timeout: waited {self.settings.lock_timeout} for the marker row of stream "
+            f"{self.stream_id} in {self.layout.qualified(MARKER)}, held by {held or 'another session'}: "
+            "another process writes this table with the same stream id. Stop it, or raise lock_timeout"
+        )
 
 
 def check_connection(config: Config) -> None:
