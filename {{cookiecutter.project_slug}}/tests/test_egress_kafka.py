@@ -32,8 +32,9 @@ from delta.tables import DeltaTable
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
-from {{ cookiecutter.package_name }}.pipeline.egress.kafka import KafkaEgress, KafkaEgressSettings, settings
+from {{ cookiecutter.package_name }}.pipeline.egress.kafka import EgressError, KafkaEgress, KafkaEgressSettings, settings
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
 
@@ -191,6 +192,19 @@ def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
 
 
 # --- the pipeline under test ------------------------------------------------------------------
+
+
+def recreate_topic(admin: AdminClient, topic: str) -> None:
+    """Create ``topic`` again once the broker has finished deleting it."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
+            return
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def with_egress(config, topic: str):
@@ -515,6 +529,67 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
         egress.close()
 
 
+def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_anything_is_published(
+    spark, config, kafka_bootstrap, tmp_path
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    egress = KafkaEgress(config, settings(config), sid)
+    try:
+        assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        # A batch without a change (gold committed a version of no rows) still moves the marker:
+        # the marker says which batch the topic holds, whatever the batch carried.
+        assert egress.publish(change_feed(spark, gold, 0).limit(0), batch_id=1) == 0
+        assert marker(kafka_bootstrap, out, sid) == 2
+
+        # The marker's consumer group deleted (as an expired one is): batch 2 would be published on
+        # a topic that cannot show it holds batch 1. Refused, naming the way out; nothing published.
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.delete_consumer_groups([f"lakehouse-egress-{sid}"])[f"lakehouse-egress-{sid}"].result(timeout=30)
+        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
+        lost = rf"topic {out} has no marker for stream {sid} .* batch 2 needs the marker at batch 1.*reset kafka_egress"
+        with pytest.raises(CheckpointError, match=lost):
+            egress.publish(change_feed(spark, gold, 2), batch_id=2)
+        assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
+    finally:
+        egress.close()
+
+
+def test_a_transaction_open_longer_than_its_timeout_is_refused_naming_the_setting(
+    spark, config, kafka_bootstrap, tmp_path, monkeypatch
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    # The driver stops 6 s inside the transaction (a GC pause, a frozen VM); Kafka aborts a
+    # transaction open past 1 s. A replay would be aborted the same way: refused, not retried.
+    monkeypatch.setenv(CRASH_POINT_VAR, f"{EGRESS}:{AFTER_PRE_COMMIT}:0:pause=6")
+    slow = KafkaEgress(config, KafkaEgressSettings(topic=out, transaction_timeout_ms=1000), sid)
+    try:
+        with pytest.raises(EgressError, match=r"^egress_kafka\.transaction_timeout_ms: the transaction of batch 0"):
+            slow.publish(change_feed(spark, gold, 0), batch_id=0)
+    finally:
+        with contextlib.suppress(KafkaException):
+            slow.close()
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == []
+    assert marker(kafka_bootstrap, out, sid) is None
+
+    # With a timeout the batch fits in, the same stream id publishes it whole, once.
+    monkeypatch.delenv(CRASH_POINT_VAR)
+    egress = KafkaEgress(config, settings(config), sid)
+    try:
+        assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+    finally:
+        egress.close()
+    records, state = fold(kafka_bootstrap, out, "read_committed")
+    assert len(records) == 3 and topic_rows(state) == gold_rows(spark, gold)
+
+
 # --- the start refusal ------------------------------------------------------------------------
 
 
@@ -554,6 +629,18 @@ def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_rese
     published = [record for record in records if record not in set(before)]
     assert len(published) == 4
     assert [record.value for record in published].count(None) == 1
+
+    # The output topic deleted and made again: its marker went with it. Refused until a reset, which
+    # publishes gold whole to the new topic.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.delete_topics([out])[out].result(timeout=30)
+    recreate_topic(admin, out)
+    capsys.readouterr()
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    assert f"topic {out} has no marker for stream {new_id}" in capsys.readouterr().err
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    assert_topic_is_gold(spark, config, out)
 
 
 def test_an_egress_asked_for_while_it_is_off_is_refused_naming_the_switch(config, pipeline_env, monkeypatch, capsys):

@@ -314,6 +314,8 @@ class LocalKafka:
             "transaction.state.log.num.partitions": "1",
             # Consumers in tests should not wait 3 s for group members that never come.
             "group.initial.rebalance.delay.ms": "0",
+            # A transaction open past its timeout is aborted within a second, not ten.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             # Topics are created explicitly, so a typo fails instead of silently creating one.
             "auto.create.topics.enable": "false",
         }

@@ -272,6 +272,18 @@ class Refusal(Enum):
         way_out="{reset}: a new stream id publishes gold's current rows as a new changelog, with tombstones for "
         "rows gold no longer has, so consumers folding by key end at gold.",
     )
+    KAFKA_MARKER_LOST = Entry(
+        title="The Kafka egress's marker lost",
+        egress="kafka_egress",
+        happened="the marker, a consumer group's committed offset, is gone or behind: the group was deleted, its "
+        "offsets expired (the broker's offsets.retention.minutes, 7 days by default, without a batch), or the "
+        "output topic was deleted or recreated",
+        found="topic {topic} has {found} for stream {stream_id} (consumer group {group}), where {needed}: the "
+        "topic may lack batches the stream published, so going on could leave consumers folding to a state gold "
+        "never had.",
+        way_out="{reset}: a new stream id publishes gold's current rows as a new changelog, with tombstones for "
+        "rows gold no longer has, so consumers folding by key end at gold.",
+    )
     POSTGRES_MARKER_MISMATCH = Entry(
         title="The PostgreSQL egress's checkpoint and marker row disagree",
         egress="postgres_egress",

@@ -2,12 +2,17 @@
 
 The two-phase commit of the classic design, with Kafka as the transactional sink:
 
-* pre-commit, during the batch: the driver produces each changed gold row in a Kafka
+* pre-commit, during the batch: the batch's records are computed first (Spark's work, no
+  transaction open), then the driver produces each changed gold row in a Kafka
   transaction; the records are in the log but hidden from read_committed consumers;
 * commit, once the batch is complete: the batch id goes into the same transaction as
   the committed offset of a consumer group named after the stream id
   (send_offsets_to_transaction), then the transaction commits: records and marker
-  become visible together, or neither does;
+  become visible together, or neither does. An empty batch moves the marker too;
+* the marker moves by one batch only: a batch finds it at the batch before (or at
+  itself: a replay, nothing is published); missing after batch 0, or anywhere else,
+  it was deleted or expired, or the output topic was recreated, and the batch is
+  refused rather than published on top of a changelog that lacks the batches before;
 * after a crash: the transactional id is derived from the stream id, so the restarted
   producer fences the old one and Kafka aborts its open transaction; the marker says,
   from Kafka alone, whether the batch Spark replays was committed. If it was, nothing
@@ -38,7 +43,7 @@ from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
 from ..kafka.clients import client_config
-from ..recovery.checkpoints import CheckpointError, last_planned_batch
+from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..refusals import Refusal
 from . import settings_of
@@ -175,28 +180,61 @@ class KafkaEgress:
         if committed is not None and committed >= batch_id:
             log.info("%s: batch %d already committed to %s (marker %d)", STREAM, batch_id, self.marker.topic, committed)
             return 0
+        needed = batch_id - 1 if batch_id > 0 else None
+        if committed != needed:
+            raise CheckpointError(self.marker_refusal(committed, f"batch {batch_id} needs {_marker_text(needed)}"))
         records = changelog_records(latest_per_window(changes, self.contract), self.contract)
         if batch_id == 0:
             # A new stream id starts a new changelog from gold's current rows: rows an older
             # stream published that gold no longer has get a tombstone, so folding ends at gold.
             records = records.unionByName(self._stale_keys(changes.sparkSession, records))
-        self.producer.begin_transaction()
-        published = 0
-        for row in records.toLocalIterator():
-            self._produce(row.key, row.value)
-            published += 1
-        if published == 0:
-            self.producer.abort_transaction(KAFKA_TIMEOUT_S)
-            return 0
-        self.producer.flush(KAFKA_TIMEOUT_S)
-        reach(STREAM, AFTER_PRE_COMMIT, batch_id)
-        metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id})
-        self.producer.send_offsets_to_transaction(
-            [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
-            self.consumer.consumer_group_metadata(),
-            KAFKA_TIMEOUT_S,
+        # Spark's work done before the transaction opens: inside it, only producing and committing.
+        records = records.persist()
+        try:
+            records.count()
+            return self._transaction(records, batch_id)
+        finally:
+            records.unpersist()
+
+    def marker_refusal(self, committed: int | None, needed: str) -> str:
+        """The refusal of a marker that is not where the stream's progress puts it (``needed`` says where)."""
+        return Refusal.KAFKA_MARKER_LOST.message(
+            STREAM,
+            topic=self.settings.topic,
+            found=_marker_text(committed),
+            stream_id=self.stream_id,
+            group=marker_group(self.stream_id),
+            needed=needed,
         )
-        self._commit(batch_id)
+
+    def _transaction(self, records: DataFrame, batch_id: int) -> int:
+        opened = time.monotonic()
+        try:
+            self.producer.begin_transaction()
+            published = 0
+            for row in records.toLocalIterator():
+                self._produce(row.key, row.value)
+                published += 1
+            self.producer.flush(KAFKA_TIMEOUT_S)
+            reach(STREAM, AFTER_PRE_COMMIT, batch_id)
+            metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id})
+            self.producer.send_offsets_to_transaction(
+                [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
+                self.consumer.consumer_group_metadata(),
+                KAFKA_TIMEOUT_S,
+            )
+            self._commit(batch_id)
+        except (KafkaException, EgressError) as error:
+            open_ms = (time.monotonic() - opened) * 1000
+            if open_ms < self.settings.transaction_timeout_ms:
+                raise
+            # Kafka aborted a transaction open longer than its timeout: a replay would take as long.
+            raise EgressError(
+                f"{SECTION}.transaction_timeout_ms: the transaction of batch {batch_id} was open {open_ms:.0f} ms, "
+                f"longer than transaction_timeout_ms {self.settings.transaction_timeout_ms}, and Kafka aborted it "
+                f"({error}); nothing of it is visible. Raise {SECTION}.transaction_timeout_ms (at most the broker's "
+                "transaction.max.timeout.ms) or lower kafka.max_offsets_per_trigger, then run again"
+            ) from error
         return published
 
     def close(self) -> None:
@@ -265,6 +303,10 @@ class KafkaEgress:
     def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
         live = _folded(committed_changelog(spark, self.config, self.settings.topic))
         return live.join(records, "key", "left_anti").select("key", F.lit(None).cast("string").alias("value"))
+
+
+def _marker_text(batch: int | None) -> str:
+    return "no marker" if batch is None else f"the marker at batch {batch}"
 
 
 def committed_changelog(spark: SparkSession, config: Config, topic: str | None = None) -> DataFrame:
@@ -356,7 +398,7 @@ def describe(config: Config) -> dict:
 def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
     """The egress stream's writer: gold's change feed, one Kafka transaction per micro-batch.
 
-    Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint.
+    Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint, or behind it (lost).
 
     Example::
 
@@ -365,6 +407,13 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     egress = KafkaEgress(config, settings(config), stream_id, contract)
     committed = egress.committed_batch()
     planned = last_planned_batch(spark, lakehouse.checkpoint(STREAM))
+    done = last_committed_batch(spark, lakehouse.checkpoint(STREAM))
+    if done is not None and (committed is None or committed < done):
+        # Every batch moves the marker before Spark logs it committed: the marker was lost.
+        egress.close()
+        raise CheckpointError(
+            egress.marker_refusal(committed, f"checkpoint {lakehouse.checkpoint(STREAM)} has batch {done} committed")
+        )
     if committed is not None and (planned is None or committed > planned):
         egress.close()
         raise CheckpointError(

@@ -3,6 +3,9 @@
 Off unless PIPELINE_CRASH_POINT is set to ``<stream>:<point>:<batch id>``, e.g.
 ``silver:after_sink_commit:0``. At that point the driver kills itself with
 SIGKILL: no cleanup, no commit-log entry, as an OOM kill or a lost node would.
+With a fourth part, ``pause=<seconds>`` (``kafka_egress:after_pre_commit:0:pause=5``),
+the driver stops there that long instead and then goes on, as a long GC pause, a
+frozen VM or a storage stall would: nothing it holds is given up in between.
 
 Points, inside a stream's micro-batch:
 * before_sink_commit  the offsets are logged, nothing of the batch is written;
@@ -48,10 +51,27 @@ INNER_POINTS = (BETWEEN_SINK_COMMITS, *EGRESS_POINTS)
 
 
 def _armed(stream: str, point: str, batch_id: int) -> bool:
-    return os.environ.get(CRASH_POINT_VAR) == f"{stream}:{point}:{batch_id}"
+    where, _, _ = os.environ.get(CRASH_POINT_VAR, "").partition(":pause=")
+    return where == f"{stream}:{point}:{batch_id}"
+
+
+def _pause_seconds() -> float | None:
+    """The pause of the armed point, None when it kills; ValueError names a pause that is not a number."""
+    _, marked, seconds = os.environ.get(CRASH_POINT_VAR, "").partition(":pause=")
+    if not marked:
+        return None
+    try:
+        return float(seconds)
+    except ValueError:
+        raise ValueError(f"{CRASH_POINT_VAR}: pause={seconds!r} is not a number of seconds") from None
 
 
 def _crash(stream: str, point: str, batch_id: int) -> None:
+    pause = _pause_seconds()
+    if pause is not None:
+        print(f"crash point {stream}:{point}:{batch_id}: pausing the driver {pause:g} s", file=sys.stderr, flush=True)
+        time.sleep(pause)
+        return
     print(f"crash point {stream}:{point}:{batch_id}: killing the driver", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
