@@ -1,6 +1,8 @@
 import os
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -8,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
@@ -119,3 +122,33 @@ def committed_records(config: Config, topics: list[str]) -> dict[tuple[str, int,
 def kafka_oracle():
     """``committed_records``, for the tests that judge the pipeline against Kafka itself."""
     return committed_records
+
+
+def write_gold_in_files(spark, path: str, windows: int, files: int, mode: str = "append", bump: int = 0) -> None:
+    """``windows`` gold rows (one a minute from 2024-05-01 09:00) written in ``files`` data files.
+
+    Gold is never compacted and every MERGE adds files, so a real gold ends up with many; an
+    overwrite (``mode``) stands for a rebuild that swaps gold in. ``bump`` adds to every count.
+    The table is made with its change data feed on when it does not exist.
+    """
+    from delta.tables import DeltaTable
+
+    # No file statistics: this gold is never queried by value, and they cost more than the rows.
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(GOLD_SCHEMA).property(
+        "delta.enableChangeDataFeed", "true"
+    ).property("delta.dataSkippingNumIndexedCols", "0").execute()
+    start = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+    rows = [
+        (start + timedelta(minutes=i), start + timedelta(minutes=i + 1), "purchase", i + 1 + bump, Decimal(f"{i}.25"))
+        for i in range(windows)
+    ]
+    # Two tasks writing many files each: a task per file costs more than the files.
+    per_file = -(-windows // files)
+    written = spark.createDataFrame(rows, GOLD_SCHEMA).repartition(2).write.format("delta").mode(mode)
+    written.option("maxRecordsPerFile", per_file).save(path)
+
+
+@pytest.fixture
+def gold_in_files():
+    """``write_gold_in_files``, for the tests of an egress following a gold of many files."""
+    return write_gold_in_files

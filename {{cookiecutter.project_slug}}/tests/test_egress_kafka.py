@@ -370,6 +370,28 @@ def test_gold_rebuilt_by_a_reset_is_republished_whole_without_a_tombstone_for_a_
 # --- crash points, through the command line ---------------------------------------------------
 
 
+def test_a_gold_version_of_more_than_a_thousand_files_is_published_in_one_batch(
+    spark, config, kafka_bootstrap, gold_in_files
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    # More files than Delta's source admits per batch by default (1,000): the snapshot a new
+    # stream id starts from, then a rebuild's overwrite (every file removed, every row added again).
+    gold_in_files(spark, gold_path(config), windows=1002, files=1002)
+    run(spark, config, EGRESS)
+    assert batches(config, "commits") == [0]
+    assert_topic_is_gold(spark, config, out)
+
+    gold_in_files(spark, gold_path(config), windows=952, files=952, mode="overwrite", bump=1)
+    run(spark, config, EGRESS)
+
+    # One batch: in two, a row's delete and its new insert would be folded apart, and a tombstone
+    # published for a row gold still holds.
+    assert batches(config, "commits") == [0, 1]
+    records = assert_topic_is_gold(spark, config, out)
+    assert [record.value for record in records].count(None) == 50  # the 50 windows the rebuild dropped
+
+
 @pytest.mark.faults
 def test_crash_points_in_the_egress_neither_lose_nor_double_a_batch(spark, config, kafka_bootstrap):
     out = output_topic(kafka_bootstrap)

@@ -211,6 +211,23 @@ def test_a_large_batch_is_staged_by_the_executors_and_the_staging_table_ends_emp
         start(spark, config, lakehouse, stream_id)
 
 
+def test_a_gold_version_of_more_than_a_thousand_files_is_applied_in_one_batch(spark, config, postgres, gold_in_files):
+    config = with_egress(config, postgres, "gold_many_files")
+    # More files than Delta's source admits per batch by default (1,000): the snapshot a new
+    # stream id starts from, then a rebuild's overwrite (every file removed, every row added again).
+    gold_in_files(spark, gold_path(config), windows=1002, files=1002)
+    run_available_now(spark, config, (STREAM,))
+    assert checkpoints.last_committed_batch(spark, str(egress_checkpoint(config))) == 0
+    assert_mirrors_gold(spark, config, postgres, "gold_many_files")
+
+    gold_in_files(spark, gold_path(config), windows=952, files=952, mode="overwrite", bump=1)
+    run_available_now(spark, config, (STREAM,))
+
+    # One batch: in two, a row's delete and its new insert would be applied apart, the row deleted.
+    assert checkpoints.last_committed_batch(spark, str(egress_checkpoint(config))) == 1
+    assert len(assert_mirrors_gold(spark, config, postgres, "gold_many_files")) == 952
+
+
 def gold_changes_since(spark, config, version: int):
     """Gold's change feed from ``version`` on: what the egress stream hands a batch."""
     changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)

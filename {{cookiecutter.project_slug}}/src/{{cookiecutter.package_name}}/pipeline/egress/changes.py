@@ -4,6 +4,14 @@ A micro-batch of the feed can span several gold versions and hold a window more 
 once (an insert, then updates). An egress needs the window's state after the batch:
 the newest change per gold key, with the gold version that made it and whether it
 was a delete (a rebuild of gold can drop windows).
+
+A batch always holds whole gold versions. Delta's source admits at most
+``maxFilesPerTrigger`` files per batch (1,000 by default) and splits a version of
+more files, such as a rebuild's overwrite of a gold with many files, or the snapshot
+a new stream id starts from; only versions with change-data files are kept whole.
+A split version would put a row's delete in one batch and its new insert in the
+next: the first would publish a delete for a row gold still holds. So the limit is
+lifted: a backlog of many versions makes one large batch instead.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ CHANGE_TYPE, COMMIT_VERSION = "_change_type", "_commit_version"
 # A MERGE's update writes the row before it (preimage) and after it (postimage) in the
 # same version; only the postimage is the window's state.
 STATE_CHANGES = ("insert", "update_postimage", "delete")
+# Files admitted per batch: no gold version is large enough to be split (see the module).
+WHOLE_VERSIONS = str(2**31 - 1)
 
 
 def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
@@ -31,7 +41,12 @@ def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
     """
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
-    return spark.readStream.format("delta").option("readChangeFeed", "true").load(lakehouse.table(GOLD))
+    return (
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("maxFilesPerTrigger", WHOLE_VERSIONS)
+        .load(lakehouse.table(GOLD))
+    )
 
 
 def latest_per_window(changes: DataFrame, contract: Contract = EVENTS) -> DataFrame:
