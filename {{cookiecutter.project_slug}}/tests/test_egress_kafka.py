@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -578,6 +578,35 @@ def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_any
         assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
     finally:
         egress.close()
+
+
+def test_partitions_added_to_the_output_topic_are_refused_until_a_new_topic_and_a_reset(
+    spark, config, kafka_bootstrap, monkeypatch, capsys
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    tiny_gold(spark, gold_path(config), rows=4)
+    run(spark, config, EGRESS)
+    before = assert_topic_is_gold(spark, config, out)
+
+    # A third partition: a key's next change could land away from its earlier ones.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_partitions([NewPartitions(out, 3)])[out].result(timeout=30)
+    DeltaTable.forPath(spark, gold_path(config)).update("event_count = 1", {"event_count": "event_count + 10"})
+    capsys.readouterr()
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"topic {out} has 3 partitions, stream {stream_id(config)} published to it with 2" in refusal
+    assert "EGRESS_KAFKA_TOPIC" in refusal and f"checkpoints reset {EGRESS}" in refusal
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    # The way out: a new topic, then a reset; gold is published to it whole.
+    fresh = output_topic(kafka_bootstrap)
+    monkeypatch.setenv("EGRESS_KAFKA_TOPIC", fresh)
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    assert_topic_is_gold(spark, with_egress(config, fresh), fresh)
 
 
 def test_a_transaction_open_longer_than_its_timeout_is_refused_naming_the_setting(

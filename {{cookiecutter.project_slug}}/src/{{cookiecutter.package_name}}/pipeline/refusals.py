@@ -284,6 +284,18 @@ class Refusal(Enum):
         way_out="{reset}: a new stream id publishes gold's current rows as a new changelog, with tombstones for "
         "rows gold no longer has, so consumers folding by key end at gold.",
     )
+    KAFKA_OUTPUT_PARTITIONS_CHANGED = Entry(
+        title="The Kafka egress's output topic has another partition count",
+        egress="kafka_egress",
+        happened="partitions were added to the output topic (or it was made again with another count) while "
+        "the stream published to it",
+        found="topic {topic} has {now} partitions, stream {stream_id} published to it with {recorded}: a key's "
+        "next change would land in another partition than its earlier ones, and consumers folding the topic "
+        "by key could not tell which value is the newest.",
+        way_out="publish to a new topic with the partitions you want: create it, set `egress_kafka.topic` (or "
+        "`EGRESS_KAFKA_TOPIC`) to it, then {reset}: gold's current rows are published to it whole. Point the "
+        "consumers at the new topic.",
+    )
     POSTGRES_MARKER_MISMATCH = Entry(
         title="The PostgreSQL egress's checkpoint and marker row disagree",
         egress="postgres_egress",

@@ -20,7 +20,7 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from ..config import Config, ConfigError, Section, load_section
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from ..contract import Contract
     from ..delta.tables import Lakehouse
+
+S = TypeVar("S", bound=Section)
 
 EGRESS_MODULES = ("kafka", "postgres")
 SWITCH_VAR = "PIPELINE_EGRESS"
@@ -154,6 +156,19 @@ def settings_of(config: Config) -> Mapping[str, Section]:
     if config.egress is None:
         raise RuntimeError("the config's egress tables are not parsed yet: pass it through egress.configure first")
     return config.egress
+
+
+def section_settings(config: Config, stream: str, model: type[S]) -> S:
+    """The settings of egress ``stream`` in ``config``, a ``model``; ValueError when the config leaves it off.
+
+    Example::
+
+        section_settings(config, "kafka_egress", KafkaEgressSettings).topic  # "gold-changes"
+    """
+    found = settings_of(config).get(stream)
+    if not isinstance(found, model):
+        raise ValueError(f"config must turn on the egress {stream} (its [egress_...] section, and PIPELINE_EGRESS)")
+    return found
 
 
 def stream(name: str):

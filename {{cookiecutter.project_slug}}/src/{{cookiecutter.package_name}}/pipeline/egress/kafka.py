@@ -46,7 +46,7 @@ from ..kafka.clients import client_config
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..refusals import Refusal
-from . import settings_of
+from . import section_settings
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,40 @@ class KafkaEgress:
         A transaction still open or being committed makes Kafka answer "unstable" until it ends;
         past ``timeout_s`` that is a KafkaException (timed out), never a guess.
         """
+        return _batch_of(self._marker(timeout_s))
+
+    def check_partitions(self, marker: TopicPartition | None = None) -> int:
+        """The output topic's partition count; CheckpointError when it differs from the one the marker records.
+
+        Kafka places a key by hashing it over the partitions: with more of them, a key's next change
+        lands in another partition than its earlier ones, and a consumer folding the topic by key
+        can no longer tell which value is the newest. ``marker`` is the marker just read (default:
+        read it). Markers written before the count was recorded are not checked.
+        """
+        marker = self._marker(KAFKA_TIMEOUT_S) if marker is None else marker
+        recorded = json.loads(marker.metadata or "{}").get("partitions")
+        now = self.partition_count()
+        if recorded is not None and recorded != now:
+            raise CheckpointError(
+                Refusal.KAFKA_OUTPUT_PARTITIONS_CHANGED.message(
+                    STREAM, topic=self.settings.topic, recorded=recorded, now=now, stream_id=self.stream_id
+                )
+            )
+        return now
+
+    def partition_count(self) -> int:
+        """The output topic's partitions now, as the broker describes it."""
+        topics = self.producer.list_topics(self.settings.topic, timeout=KAFKA_TIMEOUT_S).topics
+        described = topics.get(self.settings.topic)
+        if described is None or described.error is not None:
+            raise ConfigError(f"{SECTION}.topic: topic {self.settings.topic!r} does not exist")
+        return len(described.partitions)
+
+    def _marker(self, timeout_s: float) -> TopicPartition:
         [found] = self.consumer.committed([TopicPartition(self.settings.topic, MARKER_PARTITION)], timeout=timeout_s)
         if found.error is not None:
             raise KafkaException(found.error)
-        return found.offset - 1 if found.offset >= 0 else None
+        return found
 
     def publish(self, changes: DataFrame, batch_id: int) -> int:
         """Publish one batch of gold's change feed in one transaction; returns the records published.
@@ -176,13 +206,15 @@ class KafkaEgress:
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must not be negative, got {batch_id}")
-        committed = self.committed_batch()
+        marker = self._marker(KAFKA_TIMEOUT_S)
+        committed = _batch_of(marker)
         if committed is not None and committed >= batch_id:
             log.info("%s: batch %d already committed to %s (marker %d)", STREAM, batch_id, self.marker.topic, committed)
             return 0
         needed = batch_id - 1 if batch_id > 0 else None
         if committed != needed:
             raise CheckpointError(self.marker_refusal(committed, f"batch {batch_id} needs {_marker_text(needed)}"))
+        partitions = self.check_partitions(marker)
         records = changelog_records(latest_per_window(changes, self.contract), self.contract)
         if batch_id == 0:
             # A new stream id starts a new changelog from gold's current rows: rows an older
@@ -192,7 +224,7 @@ class KafkaEgress:
         records = records.persist()
         try:
             records.count()
-            return self._transaction(records, batch_id)
+            return self._transaction(records, batch_id, partitions)
         finally:
             records.unpersist()
 
@@ -207,7 +239,7 @@ class KafkaEgress:
             needed=needed,
         )
 
-    def _transaction(self, records: DataFrame, batch_id: int) -> int:
+    def _transaction(self, records: DataFrame, batch_id: int, partitions: int) -> int:
         opened = time.monotonic()
         try:
             self.producer.begin_transaction()
@@ -217,7 +249,7 @@ class KafkaEgress:
                 published += 1
             self.producer.flush(KAFKA_TIMEOUT_S)
             reach(STREAM, AFTER_PRE_COMMIT, batch_id)
-            metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id})
+            metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id, "partitions": partitions})
             self.producer.send_offsets_to_transaction(
                 [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
                 self.consumer.consumer_group_metadata(),
@@ -233,7 +265,7 @@ class KafkaEgress:
                 f"{SECTION}.transaction_timeout_ms: the transaction of batch {batch_id} was open {open_ms:.0f} ms, "
                 f"longer than transaction_timeout_ms {self.settings.transaction_timeout_ms}, and Kafka aborted it "
                 f"({error}); nothing of it is visible. Raise {SECTION}.transaction_timeout_ms (at most the broker's "
-                "transaction.max.timeout.ms) or lower kafka.max_offsets_per_trigger, then run again"
+                "transaction.max.timeout.ms; a batch publishes at most one record per gold row), then run again"
             ) from error
         return published
 
@@ -303,6 +335,11 @@ class KafkaEgress:
     def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
         live = _folded(committed_changelog(spark, self.config, self.settings.topic))
         return live.join(records, "key", "left_anti").select("key", F.lit(None).cast("string").alias("value"))
+
+
+def _batch_of(marker: TopicPartition) -> int | None:
+    # The committed offset is the next batch id; none committed yet is a negative sentinel.
+    return marker.offset - 1 if marker.offset >= 0 else None
 
 
 def _marker_text(batch: int | None) -> str:
@@ -414,6 +451,11 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
         raise CheckpointError(
             egress.marker_refusal(committed, f"checkpoint {lakehouse.checkpoint(STREAM)} has batch {done} committed")
         )
+    try:
+        egress.check_partitions()
+    except CheckpointError:
+        egress.close()
+        raise
     if committed is not None and (planned is None or committed > planned):
         egress.close()
         raise CheckpointError(
@@ -442,7 +484,4 @@ def settings(config: Config) -> KafkaEgressSettings:
 
         settings(config).topic  # "gold-changes"
     """
-    found = settings_of(config).get(STREAM)
-    if not isinstance(found, KafkaEgressSettings):
-        raise ValueError(f"config must turn on the [{SECTION}] section")
-    return found
+    return section_settings(config, STREAM, KafkaEgressSettings)
