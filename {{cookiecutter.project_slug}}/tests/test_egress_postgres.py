@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from delta.tables import DeltaTable
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -71,9 +72,16 @@ def parse_settings(values: dict, environ: dict) -> PostgresEgressSettings:
 
 
 def with_egress(config, postgres, table: str, **values):
-    """``config`` with only this egress on, writing ``table`` on the test server."""
+    """``config`` with only this egress on, writing ``table`` on the test server.
+
+    The password is in a file, as production mounts it: the executors that stage rows read it
+    there (they run in this process's workers, started before any test could set a variable).
+    """
     dsn, password = postgres
-    parsed = parse_settings({"dsn": dsn, "table": table, **values}, {"EGRESS_POSTGRES_PASSWORD": password})
+    password_file = Path(config.lakehouse_root).parent / "postgres-password"
+    password_file.write_text(password)
+    password_file.chmod(0o600)
+    parsed = parse_settings({"dsn": dsn, "table": table, "password_file": str(password_file), **values}, {})
     return config.model_copy(update={"egress": {STREAM: parsed}})
 
 
@@ -211,6 +219,26 @@ def test_a_large_batch_is_staged_by_the_executors_and_the_staging_table_ends_emp
         start(spark, config, lakehouse, stream_id)
 
 
+def test_the_executors_get_no_password_in_their_closure_and_read_it_where_they_run(config, postgres, tmp_path):
+    config = with_egress(config, postgres, "gold_secret")
+    password = postgres[1]
+    stager = PostgresEgress(settings(config), "secret-stream").stager(batch_id=3)
+
+    # What Spark pickles and ships with every task of a staged batch.
+    assert password.encode() not in cloudpickle.dumps(stager)
+    assert stager.args[0].password is None
+    # On an executor: the password file (or the variable) where it runs, never the closure.
+    assert stager.args[0].on_executor({}).password.get_secret_value() == password
+    assert (
+        stager.args[0].on_executor({"EGRESS_POSTGRES_PASSWORD": "from-env"}).password.get_secret_value() == "from-env"
+    )
+    elsewhere = stager.args[0].model_copy(update={"password_file": str(tmp_path / "not-mounted")})
+    with pytest.raises(ConfigError, match=r"^egress_postgres\.password_file: on an executor: .* does not exist"):
+        elsewhere.on_executor({})
+    with pytest.raises(ConfigError, match=r"spark\.executorEnv\.EGRESS_POSTGRES_PASSWORD"):
+        elsewhere.model_copy(update={"password_file": None}).on_executor({})
+
+
 def test_a_gold_version_of_more_than_a_thousand_files_is_applied_in_one_batch(spark, config, postgres, gold_in_files):
     config = with_egress(config, postgres, "gold_many_files")
     # More files than Delta's source admits per batch by default (1,000): the snapshot a new
@@ -239,16 +267,16 @@ def gold_version(spark, config) -> int:
 
 
 def test_a_marker_row_deleted_or_rolled_back_under_a_running_stream_is_refused_until_a_reset(
-    spark, config, postgres, monkeypatch
+    spark, config, postgres, monkeypatch, gold_in_files
 ):
     config = with_egress(config, postgres, "gold_marker")
-    produce_events(config, 200, seed=7)
-    run_available_now(spark, config)
+    # The egress follows gold alone: a gold written here stands for the layers above.
+    gold_in_files(spark, gold_path(config), windows=6, files=2)
+    run_available_now(spark, config, (STREAM,))
     egress = PostgresEgress(settings(config), "running-stream")
     assert egress.apply(gold_changes_since(spark, config, 0), 0) > 0
-    produce_events(config, 100, seed=8, start=EVENT_START + timedelta(minutes=7))
     before = gold_version(spark, config)
-    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    DeltaTable.forPath(spark, gold_path(config)).update("event_count = 1", {"event_count": "event_count + 10"})
     assert egress.apply(gold_changes_since(spark, config, before + 1), 1) > 0
     mirrored = row_versions(postgres, "gold_marker")
 
@@ -290,12 +318,11 @@ def test_a_marker_row_deleted_or_rolled_back_under_a_running_stream_is_refused_u
 
 
 def test_a_session_left_inside_its_transaction_is_ended_by_the_server_and_the_next_batch_goes_on(
-    spark, config, postgres
+    spark, config, postgres, gold_in_files
 ):
     timeouts = {"idle_in_transaction_timeout": "2 seconds", "lock_timeout": "1 minute"}
     config = with_egress(config, postgres, "gold_orphan", **timeouts)
-    produce_events(config, 200, seed=9)
-    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    gold_in_files(spark, gold_path(config), windows=6, files=2)
     egress = PostgresEgress(settings(config), "orphaned")
     egress.apply(gold_changes_since(spark, config, 0), 0)
 
@@ -305,9 +332,8 @@ def test_a_session_left_inside_its_transaction_is_ended_by_the_server_and_the_ne
     orphan.execute("BEGIN")
     orphan.execute("SELECT batch_id FROM gold_orphan_egress_batches WHERE stream_id = 'orphaned' FOR UPDATE")
 
-    produce_events(config, 100, seed=10, start=EVENT_START + timedelta(minutes=9))
     before = gold_version(spark, config)
-    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    DeltaTable.forPath(spark, gold_path(config)).update("event_count = 1", {"event_count": "event_count + 10"})
     assert egress.apply(gold_changes_since(spark, config, before + 1), 1) > 0
 
     assert table_mirror(postgres, "gold_orphan") == gold_mirror(spark, config)
@@ -317,11 +343,12 @@ def test_a_session_left_inside_its_transaction_is_ended_by_the_server_and_the_ne
     orphan.close()
 
 
-def test_a_batch_that_waits_longer_than_lock_timeout_fails_naming_the_setting_and_the_holder(spark, config, postgres):
+def test_a_batch_that_waits_longer_than_lock_timeout_fails_naming_the_setting_and_the_holder(
+    spark, config, postgres, gold_in_files
+):
     timeouts = {"idle_in_transaction_timeout": "1 second", "lock_timeout": "2 seconds"}
     config = with_egress(config, postgres, "gold_locked", **timeouts)
-    produce_events(config, 100, seed=11)
-    run_available_now(spark, config, ("bronze", "silver", "gold"))
+    gold_in_files(spark, gold_path(config), windows=6, files=2)
     egress = PostgresEgress(settings(config), "locked")
     egress.apply(gold_changes_since(spark, config, 0), 0)
     # A session the egress's idle timeout does not cover (another client, or one of ours busy in a

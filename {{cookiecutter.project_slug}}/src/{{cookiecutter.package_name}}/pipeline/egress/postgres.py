@@ -12,8 +12,9 @@ the table's contents: a new stream id mirrors gold from scratch. Values travel a
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -25,13 +26,13 @@ from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds
+from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
 from ..refusals import Refusal
-from . import settings_of
+from . import section_settings
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,11 @@ CLEAR_STAGED = "DELETE FROM {staging} WHERE stream_id = %s AND batch_id <= %s"
 class PostgresEgressSettings(Section):
     """``[egress_postgres]``; EGRESS_POSTGRES_<KEY> overrides a key, EGRESS_POSTGRES_PASSWORD is the password.
 
-    The password is read once, here, from the environment or the file named by password_file: it
-    travels with the settings to the executors that stage rows, and is never shown.
+    The driver reads the password here, from the environment or the file named by password_file,
+    and never shows it. It does not travel to the executors that stage rows: they get the settings
+    without it (``for_executors``) and read it where they run (``on_executor``), from the same
+    variable or file, as Spark hands secrets to executors (``spark.executorEnv.*``, a cluster
+    manager's secrets, or a file mounted on every node).
     """
 
     model_config = SettingsConfigDict(env_prefix="EGRESS_POSTGRES_")
@@ -151,6 +155,39 @@ class PostgresEgressSettings(Section):
                 f"{self.idle_in_transaction_timeout!r}: a batch must outwait a session the server ends",
             )
         return self
+
+    def for_executors(self) -> PostgresEgressSettings:
+        """These settings without the password: what a task's closure may carry.
+
+        Example::
+
+            rows.foreachPartition(partial(stage, settings.for_executors()))
+        """
+        return self.model_copy(update={"password": None})
+
+    def on_executor(self, environ: Mapping[str, str] | None = None) -> PostgresEgressSettings:
+        """These settings with the password read where this process runs: its variable, or password_file.
+
+        ConfigError names both ways when neither is there (an executor without the secret).
+
+        Example::
+
+            _connect(settings.on_executor())  # on an executor, inside a task
+        """
+        environ = os.environ if environ is None else environ
+        password = environ.get(PASSWORD_VAR)
+        if not password and self.password_file is not None:
+            try:
+                password = read_secret(self.password_file, "password_file")
+            except Invalid as error:
+                raise ConfigError(f"{SECTION}.{error.key}: on an executor: {error.reason}") from None
+        if not password:
+            raise ConfigError(
+                f"{SECTION}.password_file: the executors that stage rows have no database password: set "
+                f"{PASSWORD_VAR} in their environment (spark.executorEnv.{PASSWORD_VAR}, or the cluster "
+                "manager's secrets) or mount the file password_file names on every executor"
+            )
+        return self.model_copy(update={"password": SecretStr(password)})
 
     def session_timeouts(self) -> dict[str, str]:
         """The two session timeouts, by key (idle first): what _connect sets and what a refusal names."""
@@ -261,10 +298,10 @@ def _apply(cur: psycopg.Cursor, layout: _Layout, source: sql.Composable, params:
 
 
 def _stage_partition(settings: PostgresEgressSettings, layout: _Layout, stream_id: str, batch_id: int, rows) -> None:
-    # On an executor: the password arrives in this closure only, never in Spark's conf or logs.
+    # On an executor: the closure carries no password; it is read here (see PostgresEgressSettings).
     staged = [name for name, _, _ in layout.layouts()[1]]
     update = _names([name for name in staged if name not in layout.key], "{0} = EXCLUDED.{0}")
-    with _connect(settings) as conn, conn.transaction(), conn.cursor() as cur:
+    with _connect(settings.on_executor()) as conn, conn.transaction(), conn.cursor() as cur:
         _copy_rows(cur, layout, rows)
         cur.execute(layout.sql(STAGE, staged=_names(staged), update=update), (stream_id, batch_id))
 
@@ -315,13 +352,22 @@ class PostgresEgress:
             count, version = latest.agg(F.count(F.lit(1)), F.max(GOLD_VERSION)).first()
             rows, staged = _as_text(latest, self.layout), count > self.settings.stage_above_rows
             if staged:
-                rows.foreachPartition(partial(_stage_partition, self.settings, self.layout, self.stream_id, batch_id))
+                rows.foreachPartition(self.stager(batch_id))
                 reach(STREAM, AFTER_STAGING, batch_id)
             applied = self._commit(batch_id, version, None if staged else rows)
         finally:
             latest.unpersist()
         log.info("%s: batch %d: %s", STREAM, batch_id, f"{count} rows applied" if applied else "already applied")
         return count if applied else 0
+
+    def stager(self, batch_id: int) -> Callable[[Iterable], None]:
+        """The function each executor runs on its partition of a staged batch: no secret in it.
+
+        Example::
+
+            rows.foreachPartition(egress.stager(batch_id=7))
+        """
+        return partial(_stage_partition, self.settings.for_executors(), self.layout, self.stream_id, batch_id)
 
     def _commit(self, batch_id: int, gold_version: int | None, rows: DataFrame | None) -> bool:
         # The batch's one transaction: marker first, then its rows from ``rows`` (COPY) or from staging (None).
@@ -461,10 +507,7 @@ def settings(config: Config) -> PostgresEgressSettings:
 
         settings(config).table  # "gold_event_windows"
     """
-    found = settings_of(config).get(STREAM)
-    if not isinstance(found, PostgresEgressSettings):
-        raise ValueError(f"config must turn on the [{SECTION}] section")
-    return found
+    return section_settings(config, STREAM, PostgresEgressSettings)
 
 
 def _read(config: Config, contract: Contract, query: str, **parts: sql.Composable) -> list[tuple]:
