@@ -20,6 +20,13 @@ def pytest_configure(config):
     # The egresses run only in the tests that turn them on (PIPELINE_EGRESS names their sections):
     # the other tests, and the pipeline processes they start, run the three layers.
     os.environ.setdefault("PIPELINE_EGRESS", "none")
+    # Every JVM of the suite (Spark here and in the pipeline processes tests start, the brokers) is
+    # short-lived and works on a few hundred records: the C2 compiler would spend more CPU than it
+    # ever saves, and the suite runs two workers on two cores. C1 alone takes about a third less CPU.
+    # Without tiers the JVM shrinks its code cache to 48 MB, which a Spark driver running for
+    # minutes fills ("Out of space in CodeCache"): keep the tiered default of 240 MB.
+    # JVMs print "Picked up JAVA_TOOL_OPTIONS" on stderr; no test reads a JVM's first line.
+    os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 def pytest_collection_modifyitems(items):
