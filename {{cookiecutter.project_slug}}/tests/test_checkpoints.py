@@ -32,7 +32,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, SILVER, Lakehouse, ensure_tables
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, SILVER, STREAMS, Lakehouse, ensure_tables
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_sources
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
@@ -122,6 +122,26 @@ def test_reset_without_a_terminal_refuses_without_yes_and_on_a_terminal_asks(tmp
     assert child.wait(timeout=60) == 1
     os.close(controller)
     assert (root / "checkpoints" / "gold").is_dir()
+
+
+def test_a_start_killed_while_writing_its_first_offsets_is_resumed_by_the_next_start(spark, pipeline_env):
+    config = pipeline_env
+    lakehouse = Lakehouse(config.lakehouse_root)
+    # What a first start killed while Spark wrote offsets/0 leaves: the checkpoint bound to the tables,
+    # and Spark's temporary file, never renamed into place. Spark refuses to plan batch 0 into an
+    # offset log that is not empty (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), at every start.
+    ensure_tables(spark, lakehouse)
+    checkpoints.prepare(spark, lakehouse, STREAMS["bronze"])
+    offsets = checkpoint(config, "bronze") / "offsets"
+    offsets.mkdir()
+    (offsets / ".0.0cffbc7b-c744-44de-a3ac-04da7b308cd4.tmp").write_bytes(b"")
+    records = produce_records(config, 30, seed=61)
+
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+
+    assert [name.name for name in offsets.iterdir() if name.name.endswith(".tmp")] == []
+    bronze = spark.read.format("delta").load(lakehouse.table(BRONZE))
+    assert sorted(bytes(row.value) for row in bronze.select("value").collect()) == sorted(v for _, v in records)
 
 
 def test_a_live_lease_is_respected_and_an_expired_one_taken_over(spark, tmp_path):

@@ -47,6 +47,8 @@ a lease beside the checkpoint (lease.py).
 from __future__ import annotations
 
 import json
+import logging
+import re
 import uuid
 from dataclasses import dataclass
 from enum import Enum
@@ -69,6 +71,13 @@ from .sink_progress import (
 # last committed batch; the other sinks skip batches with nothing for them, so a
 # txn behind the checkpoint is normal there and proves nothing.
 EVERY_BATCH_SINKS = frozenset({BRONZE})
+
+# Spark writes each offset- and commit-log file as ".<batch>.<uuid>.tmp" beside the log, then renames
+# it into place (CheckpointFileManager.createAtomic); the local file system adds a ".crc" to each.
+UNFINISHED_WRITE = re.compile(r"^\..+\.tmp(\.crc)?$")
+LOGS = ("offsets", "commits")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -268,7 +277,34 @@ def prepare(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Prepar
     for name, path in state.tables.items():
         if state.recorded_ids[name] != stream_id:
             set_properties(spark, path, {IDENTITY_PROPERTY % stream.name: stream_id})
+    remove_unfinished_writes(spark, state.checkpoint)
     return Prepared(stream_id=stream_id, lost_checkpoint=lost)
+
+
+def remove_unfinished_writes(spark: SparkSession, checkpoint: str) -> list[str]:
+    """Delete the temporary files a killed process left in the offset and commit logs; returns their paths.
+
+    Spark never reads them, but before a stream's first batch it requires an empty offset log:
+    a process killed while writing ``offsets/0`` left a checkpoint every later start refused
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Called under the stream's lease, before its
+    query starts: no live writer of this checkpoint can own them.
+
+    Example::
+
+        remove_unfinished_writes(spark, "/data/lake/checkpoints/bronze")  # [".../offsets/.0.3f2a....tmp"]
+    """
+    if not checkpoint:
+        raise ValueError("checkpoint must be a stream's checkpoint directory")
+    removed = []
+    for directory in LOGS:
+        for name in files.list_names(spark, f"{checkpoint}/{directory}"):
+            if UNFINISHED_WRITE.match(name):
+                path = f"{checkpoint}/{directory}/{name}"
+                files.delete(spark, path)
+                removed.append(path)
+    if removed:
+        log.warning("removed what a killed process left half-written in the checkpoint: %s", ", ".join(removed))
+    return removed
 
 
 def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> None:
