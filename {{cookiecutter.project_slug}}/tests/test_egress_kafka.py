@@ -26,7 +26,15 @@ from typing import NamedTuple
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -195,11 +203,12 @@ def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
 
 
 def recreate_topic(admin: AdminClient, topic: str) -> None:
-    """Create ``topic`` again once the broker has finished deleting it."""
+    """Create ``topic`` again, compacted, once the broker has finished deleting it."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
+            again = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+            admin.create_topics([again])[topic].result(timeout=30)
             return
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
@@ -692,6 +701,46 @@ def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_rese
     assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
     assert_topic_is_gold(spark, config, out)
+
+
+def set_cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
+    """What the refusal's kafka-configs.sh command does: set the topic's cleanup.policy."""
+    entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+
+def test_an_output_topic_that_deletes_by_age_is_refused_at_start_until_it_is_compacted(
+    spark, config, kafka_bootstrap, monkeypatch, capsys
+):
+    out = f"gold-changes-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(out, num_partitions=2, replication_factor=1)])[out].result(timeout=30)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    tiny_gold(spark, gold_path(config))
+
+    # The broker's default policy, then compaction with deletion by age: both lose keys' newest values.
+    for policy in ("delete", "compact,delete"):
+        set_cleanup_policy(admin, out, policy)
+        capsys.readouterr()
+        assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 2
+        refusal = capsys.readouterr().err
+        assert f"config error: egress_kafka.topic: topic '{out}' has cleanup.policy={policy}" in refusal
+        assert f"--entity-name {out} --add-config cleanup.policy=compact" in refusal
+        assert "egress_kafka.require_compacted_topic = false" in refusal
+        assert fold(kafka_bootstrap, out, "read_uncommitted")[0] == []
+        assert not Path(Lakehouse(config.lakehouse_root).checkpoint(EGRESS)).exists()
+
+    # The way out the refusal names: the topic compacted, and gold is published whole.
+    set_cleanup_policy(admin, out, "compact")
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    assert_topic_is_gold(spark, config, out)
+
+    # Or the check turned off, for a topic no consumer folds from its start.
+    set_cleanup_policy(admin, out, "delete")
+    monkeypatch.setenv("EGRESS_KAFKA_REQUIRE_COMPACTED_TOPIC", "false")
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
 
 
 def test_an_egress_asked_for_while_it_is_off_is_refused_naming_the_switch(config, pipeline_env, monkeypatch, capsys):

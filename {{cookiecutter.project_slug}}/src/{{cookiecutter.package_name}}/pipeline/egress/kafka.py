@@ -33,7 +33,7 @@ import logging
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
@@ -76,6 +76,9 @@ class KafkaEgressSettings(Section):
     # Longer than a batch can take: Kafka aborts a transaction open longer than this. At most the
     # broker's transaction.max.timeout.ms (15 minutes by default).
     transaction_timeout_ms: int = Field(60_000, ge=1000, le=MAX_TRANSACTION_TIMEOUT_MS)
+    # A consumer rebuilds gold by folding the topic from its start: only compaction keeps every key's
+    # newest value for as long as the topic lives. Off only for a topic no consumer folds from its start.
+    require_compacted_topic: bool = True
 
 
 Settings = KafkaEgressSettings
@@ -401,15 +404,54 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
 
 
 def check_connection(config: Config) -> None:
-    """The output topic must exist (production topics are provisioned); ConfigError names the setting."""
-    topic = settings(config).topic
-    metadata = AdminClient(client_config(config)).list_topics(timeout=30)
-    described = metadata.topics.get(topic)
+    """The output topic must exist (production topics are provisioned) and be compacted; ConfigError names the setting.
+
+    Example::
+
+        check_connection(config)  # before Spark starts: a topic that deletes by time stops the run with exit 2
+    """
+    egress = settings(config)
+    topic = egress.topic
+    admin = AdminClient(client_config(config))
+    described = admin.list_topics(timeout=30).topics.get(topic)
     if described is None or described.error is not None:
         raise ConfigError(
             f"{SECTION}.topic: topic {topic!r} does not exist on {config.kafka.bootstrap_servers}; create it "
-            "(cleanup.policy=compact suits a changelog) or set EGRESS_KAFKA_TOPIC"
+            "with cleanup.policy=compact or set EGRESS_KAFKA_TOPIC"
         )
+    if not egress.require_compacted_topic:
+        return
+    policy = cleanup_policy(admin, topic)
+    if policy != "compact":
+        raise ConfigError(
+            f"{SECTION}.topic: topic {topic!r} has cleanup.policy={policy}: Kafka deletes its records by age, "
+            "so a consumer folding the changelog from its start misses every gold row not changed since. "
+            f"Compact it: kafka-configs.sh --bootstrap-server {config.kafka.bootstrap_servers} --alter "
+            f"--entity-type topics --entity-name {topic} --add-config cleanup.policy=compact "
+            f"(or, if no consumer folds it from its start, set {SECTION}.require_compacted_topic = false)"
+        )
+
+
+def cleanup_policy(admin: AdminClient, topic: str) -> str:
+    """The topic's ``cleanup.policy`` as the broker reports it (``delete``, ``compact`` or both, comma-separated).
+
+    ConfigError when the login may not read the topic's configuration (the DescribeConfigs ACL).
+
+    Example::
+
+        cleanup_policy(AdminClient(client_config(config)), "gold-changes")  # "compact"
+    """
+    if not topic:
+        raise ValueError("topic must name the output topic")
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        entries = admin.describe_configs([resource])[resource].result(timeout=30)
+    except KafkaException as error:
+        raise ConfigError(
+            f"{SECTION}.topic: cannot read the configuration of topic {topic!r} ({error.args[0].str()}); the "
+            f"pipeline's user needs DescribeConfigs on it, or set {SECTION}.require_compacted_topic = false"
+        ) from error
+    return entries["cleanup.policy"].value
 
 
 def provision_local(config: Config) -> None:
