@@ -316,3 +316,4 @@ def test_baked_default_project_passes_its_whole_suite_and_runs_its_demo(tmp_path
         assert re.search(rf"^{stream} \(.*\): {gold_rows} rows", demo, re.MULTILINE), stream
         assert re.search(rf"^  {stream}_rows_not_matching_gold +0$", demo, re.MULTILINE), stream
     assert "audit verdict: clean" in demo
+    assert "metrics: http://127.0.0.1:9108/metrics" in demo

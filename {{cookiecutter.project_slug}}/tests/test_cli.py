@@ -1,13 +1,17 @@
 """The command line, end to end on the real broker, Spark and Delta."""
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from importlib import resources
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
@@ -83,6 +87,38 @@ def test_gold_table_of_another_contract_is_refused_with_exit_3_naming_the_way_ou
     assert main(["audit"]) == 0
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample the pipeline serves on ``port``, parsed by prometheus-client."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def sample(metrics, name: str, **labels: str) -> float | None:
+    """The value of the sample ``name`` whose labels match (each label value given as its start), if any."""
+    for found, found_labels, value in metrics:
+        if found == name and all(found_labels.get(key, "").startswith(text) for key, text in labels.items()):
+            return value
+    return None
+
+
+def test_run_with_a_metrics_port_in_use_exits_2_naming_the_setting(pipeline_env, monkeypatch, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("METRICS_PORT", str(taken.getsockname()[1]))
+        assert main(["run", "--layer", "bronze", "--available-now"]) == 2
+    error = capsys.readouterr().err
+    assert "metrics.port: cannot serve metrics on 127.0.0.1" in error
+    assert "METRICS_PORT" in error
+
+
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -108,21 +144,36 @@ def test_continuous_run_processes_new_records_and_stops_cleanly_on_sigterm(spark
 
     assert main(["produce-sample", "--count", "60", "--seed", "21"]) == 0
     log = tmp_path / "pipeline.log"
+    port = free_port()
     with log.open("w") as log_file:  # a file: an unread pipe that fills up blocks the pipeline
         pipeline = subprocess.Popen(
             [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(fast), "run", "--layer", "all"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "METRICS_PORT": str(port)},
         )
     try:
         wait_for(lambda: gold_events() == 60, 180, "the first 60 events in gold")
         assert main(["produce-sample", "--count", "40", "--seed", "22"]) == 0
         wait_for(lambda: gold_events() == 100, 120, "40 more events in gold")
+        # Scraped while the pipeline runs, as Prometheus would.
+        wait_for(lambda: sample(scrape(port), "lakehouse_input_records_total", stream="gold") is not None, 60, "gold")
+        metrics = scrape(port)
     finally:
         pipeline.send_signal(signal.SIGTERM)
         pipeline.wait(timeout=180)
     output = log.read_text()
     assert pipeline.returncode == 0, output[-5000:]
     assert "Kafka lag" in output
+
+    assert sample(metrics, "lakehouse_input_records_total", stream="bronze") == 100
+    for stream in ("bronze", "silver", "gold"):
+        assert sample(metrics, "lakehouse_batch_duration_seconds_count", stream=stream) >= 1
+        assert sample(metrics, "lakehouse_last_batch", stream=stream) >= 0
+        assert sample(metrics, "lakehouse_lease_info", stream=stream, holder=f"pid {pipeline.pid} on host") == 1
+    lag = {labels["partition"]: value for name, labels, value in metrics if name == "lakehouse_kafka_lag_records"}
+    assert lag and set(lag.values()) == {0}, lag  # every record read: none behind the last batch
+    assert sample(metrics, "lakehouse_delta_version_lag", stream="silver", table="bronze_events") is not None
+    assert sample(metrics, "lakehouse_delta_version_lag", stream="gold", table="silver_events") is not None
 
     assert main(["audit"]) == 0

@@ -165,6 +165,15 @@ def test_bad_topic_from_the_environment_names_the_key():
         load_config("local", environ={"KAFKA_TOPICS": "ok,not ok"})
 
 
+def test_metrics_are_off_unless_a_port_is_set_and_a_bad_port_names_the_key():
+    credentials = {"KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
+    assert load_config("local", environ={}).metrics_port == 0
+    assert load_config("prod", environ=credentials).metrics_port == 0
+    assert load_config("local", environ={"METRICS_PORT": "9108"}).metrics_port == 9108
+    with pytest.raises(ConfigError, match="metrics.port"):
+        load_config("local", environ={"METRICS_PORT": "70000"})
+
+
 def test_unknown_environment_names_pipeline_env():
     with pytest.raises(ConfigError, match="PIPELINE_ENV: no config for environment 'staging'"):
         load_config(environ={"PIPELINE_ENV": "staging"})

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from ..pipeline.config import Config
+from ..pipeline.config import Config, ConfigError
 from ..pipeline.egress import installed_names
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
@@ -32,10 +32,15 @@ def register(commands) -> None:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    from ..pipeline.monitoring import ProgressReporter
+    from ..pipeline.monitoring import ProgressReporter, serve_metrics
     from ..pipeline.streams import run_available_now, stream_names
 
     config = connect(config, egress=True, asked=args.layer, provision=True)
+    if config.metrics_port:
+        try:
+            serve_metrics(config.metrics_address, config.metrics_port)
+        except OSError as error:
+            raise ConfigError(str(error)) from error
     stop_requested = threading.Event()
 
     def request_stop(*_: object) -> None:
@@ -48,7 +53,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
     spark = spark_session(config, f"pipeline-{args.layer}")
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    reporter = ProgressReporter()
+    reporter = ProgressReporter(spark)
     spark.streams.addListener(reporter)
     layers = stream_names(config) if args.layer == "all" else (args.layer,)
     try:

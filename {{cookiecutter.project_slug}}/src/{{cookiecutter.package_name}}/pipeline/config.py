@@ -416,6 +416,16 @@ class PipelineSection(Section):
     downstream_trigger_interval: Duration = DEFAULT_DOWNSTREAM_TRIGGER
 
 
+class MetricsSection(Section):
+    """``[metrics]``: where `run` serves its Prometheus metrics (optional; port 0, the default, serves none)."""
+
+    model_config = SettingsConfigDict(env_prefix="METRICS_")
+
+    port: int = Field(0, ge=0, le=65535)
+    # The loopback interface by default: metrics name topics and hosts; open it up on purpose.
+    address: Text = "127.0.0.1"
+
+
 class Settings(Section):
     """The config file's tables, each a section; ``[egress_<name>]`` tables are taken out before (see module)."""
 
@@ -424,6 +434,7 @@ class Settings(Section):
     lakehouse: LakehouseSection
     spark: SparkSection
     pipeline: PipelineSection
+    metrics: MetricsSection = MetricsSection()
 
 
 class Config(BaseModel):
@@ -445,6 +456,8 @@ class Config(BaseModel):
     gold_window: str
     trigger_interval: str
     downstream_trigger_interval: str = DEFAULT_DOWNSTREAM_TRIGGER
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
     egress_sections: Mapping[str, Any] = Field(default_factory=dict)
     egress: Mapping[str, Section] | None = None
 
@@ -480,6 +493,8 @@ def load_config(
         gold_window=settings.pipeline.gold_window,
         trigger_interval=settings.pipeline.trigger_interval,
         downstream_trigger_interval=settings.pipeline.downstream_trigger_interval,
+        metrics_port=settings.metrics.port,
+        metrics_address=settings.metrics.address,
         egress_sections=egress,
     )
 

@@ -43,6 +43,7 @@ from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
 from ..kafka.clients import client_config
+from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..refusals import Refusal
@@ -212,7 +213,8 @@ class KafkaEgress:
         marker = self._marker(KAFKA_TIMEOUT_S)
         committed = _batch_of(marker)
         if committed is not None and committed >= batch_id:
-            log.info("%s: batch %d already committed to %s (marker %d)", STREAM, batch_id, self.marker.topic, committed)
+            sink = f"topic {self.settings.topic} (marker {committed})"
+            report_egress_batch(STREAM, batch_id, EgressOutcome.ALREADY_COMMITTED, records=0, sink=sink)
             return 0
         needed = batch_id - 1 if batch_id > 0 else None
         if committed != needed:
@@ -227,9 +229,11 @@ class KafkaEgress:
         records = records.persist()
         try:
             records.count()
-            return self._transaction(records, batch_id, partitions)
+            published = self._transaction(records, batch_id, partitions)
         finally:
             records.unpersist()
+        report_egress_batch(STREAM, batch_id, EgressOutcome.COMMITTED, published, f"topic {self.settings.topic}")
+        return published
 
     def marker_refusal(self, committed: int | None, needed: str) -> str:
         """The refusal of a marker that is not where the stream's progress puts it (``needed`` says where)."""

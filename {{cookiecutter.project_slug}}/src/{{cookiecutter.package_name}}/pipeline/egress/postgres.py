@@ -11,7 +11,6 @@ the table's contents: a new stream id mirrors gold from scratch. Values travel a
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -29,13 +28,12 @@ from pyspark.sql import functions as F
 from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
+from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
 from ..refusals import Refusal
 from . import section_settings
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
-
-log = logging.getLogger(__name__)
 
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
@@ -357,7 +355,8 @@ class PostgresEgress:
             applied = self._commit(batch_id, version, None if staged else rows)
         finally:
             latest.unpersist()
-        log.info("%s: batch %d: %s", STREAM, batch_id, f"{count} rows applied" if applied else "already applied")
+        outcome = EgressOutcome.COMMITTED if applied else EgressOutcome.ALREADY_COMMITTED
+        report_egress_batch(STREAM, batch_id, outcome, count if applied else 0, f"table {self.settings.table}")
         return count if applied else 0
 
     def stager(self, batch_id: int) -> Callable[[Iterable], None]:

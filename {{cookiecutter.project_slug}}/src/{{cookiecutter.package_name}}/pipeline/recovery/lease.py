@@ -50,6 +50,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import Lakehouse
+from ..monitoring import report_lease
 from ..refusals import Refusal
 from .checkpoints import CheckpointError
 
@@ -154,6 +155,7 @@ class Lease:
                 return
             self._released.set()
             _HELD.pop(self.path, None)
+            report_lease(self.record.stream, "none")
             try:
                 found = _read(self._spark, self.path)
                 if found is not None and found.owner == self.record.owner:
@@ -242,6 +244,7 @@ def acquire(
     if found is None or found.owner != record.owner:
         raise LeaseHeld(_held_message(stream, path, found, way_out))
     lease = Lease(spark, path, record)
+    report_lease(stream, record.describe())
     _HELD[path] = lease
     _release_at_exit()
     return lease
