@@ -144,24 +144,25 @@ def test_a_start_killed_while_writing_its_first_offsets_is_resumed_by_the_next_s
     assert sorted(bytes(row.value) for row in bronze.select("value").collect()) == sorted(v for _, v in records)
 
 
+def foreign_lease(path: Path, renewed_ms: int, ttl_s: float = 3.0) -> None:
+    """What a process on another machine leaves when it dies: nothing here can see its pid."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "owner": "other",
+        "stream": "silver",
+        "host": "another-host",
+        "pid": 4242,
+        "started": "2024-05-01T09:00:00+0000",
+        "renewed_ms": renewed_ms,
+        "ttl_s": ttl_s,
+    }
+    path.write_text(json.dumps(record))
+
+
 def test_a_live_lease_is_respected_and_an_expired_one_taken_over(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lake"))
-    path = Path(lease.lease_path(lakehouse, "silver"))
-    path.parent.mkdir(parents=True)
-    # What a process on another machine leaves when it dies: nothing here can see its pid.
-    path.write_text(
-        json.dumps(
-            {
-                "owner": "other",
-                "stream": "silver",
-                "host": "another-host",
-                "pid": 4242,
-                "started": "2024-05-01T09:00:00+0000",
-                "renewed_ms": int(time.time() * 1000),
-                "ttl_s": 3.0,
-            }
-        )
-    )
+    first = Path(lease.lease_path(lakehouse, "silver", 1))
+    foreign_lease(first, renewed_ms=int(time.time() * 1000))
     assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HELD
     with pytest.raises(lease.LeaseHeld, match="held by pid 4242 on host another-host"):
         lease.acquire(spark, lakehouse, "silver")
@@ -169,10 +170,63 @@ def test_a_live_lease_is_respected_and_an_expired_one_taken_over(spark, tmp_path
     time.sleep(3.5)
     assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.EXPIRED
     taken = lease.acquire(spark, lakehouse, "silver")
-    record = json.loads(path.read_text())
+    # The next generation, created exclusively; the expired one is gone.
+    second = Path(lease.lease_path(lakehouse, "silver", 2))
+    record = json.loads(second.read_text())
     assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+    assert not first.exists()
     taken.release()
-    assert not path.exists()
+    assert not second.exists()
+
+
+def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(spark, tmp_path, monkeypatch):
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    foreign_lease(Path(lease.lease_path(lakehouse, "silver", 1)), renewed_ms=int(time.time() * 1000) - 10_000)
+    directory = lease.lease_directory(lakehouse, "silver")
+    # A contender that looked at the lease (generation 1, expired) just before this process took it.
+    stale_view = lease._current(spark, directory)
+    winner = lease.acquire(spark, lakehouse, "silver")
+    assert winner.generation == 2
+    lease._HELD.pop(directory)  # from here on, this process plays the other contender
+    monkeypatch.setattr(lease, "_current", lambda spark, directory: stale_view)
+
+    with pytest.raises(lease.LeaseHeld, match="took the lease .* at the same moment"):
+        lease.acquire(spark, lakehouse, "silver")
+    monkeypatch.undo()
+    assert json.loads(Path(winner.path).read_text())["owner"] == winner.record.owner
+    winner.check()  # the winner still holds it
+    winner.release()
+
+
+def test_a_holder_not_renewed_for_three_quarters_of_its_lease_may_write_nothing(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    held = lease.acquire(spark, lakehouse, "gold", ttl_s=2.0)  # no heartbeat: as if the process stood still
+    lease.check_held(lakehouse, "gold")
+
+    time.sleep(1.6)  # more than 2 s less a quarter, measured on this process's monotonic clock
+    with pytest.raises(lease.LeaseLost, match=r"gold: this process last renewed lease .* \(pipeline.lease_ttl 2 s"):
+        lease.check_held(lakehouse, "gold")
+    assert not held.renew()  # too late to renew: another process may already have taken the stream
+    held.release()
+
+
+def test_a_renewal_that_fails_does_not_count_and_the_query_is_stopped_in_time(spark, tmp_path, monkeypatch):
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    held = lease.acquire(spark, lakehouse, "bronze", ttl_s=4.0)
+    stopped_after = []
+    began = time.monotonic()
+
+    def unreachable_storage(*args, **kwargs):
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(lease, "_write", unreachable_storage)
+    held.heartbeat(on_lost=lambda: stopped_after.append(time.monotonic() - began))
+    assert held.lost.wait(10)
+    assert stopped_after and stopped_after[0] < 4.0, stopped_after  # before another process may take over
+    with pytest.raises(lease.LeaseLost):
+        lease.check_held(lakehouse, "bronze")
+    monkeypatch.undo()
+    held.release()
 
 
 def test_txn_retention_on_a_sink_is_refused_naming_the_property_and_the_command(spark, pipeline_env, capsys):
@@ -293,7 +347,7 @@ def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_re
 @pytest.mark.slow
 def test_a_second_process_is_refused_while_the_first_runs_and_starts_once_it_is_killed(spark, pipeline_env, capsys):
     produce_records(pipeline_env, 20, seed=6)
-    lease_file = Path(lease.lease_path(Lakehouse(pipeline_env.lakehouse_root), "bronze"))
+    lease_file = Path(lease.lease_path(Lakehouse(pipeline_env.lakehouse_root), "bronze", 1))
     log_path = Path(pipeline_env.lakehouse_root).parent / "first.log"
     with log_path.open("w") as log_file:
         first = subprocess.Popen(

@@ -493,6 +493,39 @@ def test_a_second_egress_of_the_same_stream_fences_the_first_and_aborts_its_tran
             second.close()
 
 
+def test_a_reset_fences_the_old_stream_so_a_transaction_it_left_open_never_becomes_visible(
+    spark, config, kafka_bootstrap, monkeypatch
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    tiny_gold(spark, gold_path(config), rows=3)
+    run(spark, config, EGRESS)
+    old_id = stream_id(config)
+    # A process of the old stream that stood still past its lease inside a batch: records produced
+    # in its open transaction, the commit not yet sent.
+    frozen = KafkaEgress(config, settings(config), old_id)
+    try:
+        frozen.producer.begin_transaction()
+        for number in range(3):
+            frozen.producer.produce(out, key=f"stale-{number}".encode(), value=b"from the old stream")
+        frozen.producer.flush(30)
+
+        assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+
+        # It wakes and commits: fenced by the reset, nothing of it becomes visible.
+        with pytest.raises(KafkaException) as commit:
+            frozen.producer.commit_transaction(30)
+        error = commit.value.args[0]
+        assert error.fatal() and error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), error
+    finally:
+        with contextlib.suppress(KafkaException):
+            frozen.close()
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    records = assert_topic_is_gold(spark, config, out, once=False)
+    assert not any(record.key.startswith("stale-") for record in records)
+
+
 class BrokerFrozenDuringFirstCommit:
     """The egress's real producer, with the real broker stopped (SIGSTOP) while its first commit is in flight.
 

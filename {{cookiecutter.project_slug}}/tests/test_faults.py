@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import AnalysisException
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
 from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
@@ -135,6 +136,63 @@ def stop_pipeline(running: subprocess.Popen, log: Path) -> None:
     running.send_signal(signal.SIGTERM)
     running.wait(timeout=180)
     assert running.returncode == 0, log.read_text()[-5000:]
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process: R, S, T (stopped), Z..."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("taken_by", ["reset", "another process"])
+def test_a_gold_writer_frozen_past_its_lease_wakes_and_writes_nothing_more(spark, config, tmp_path, taken_by):
+    """A gold process stopped (SIGSTOP) inside a batch, before its MERGE, for longer than its lease;
+    meanwhile gold is reset (rebuilt from silver with a new stream id) or run by another process.
+    Woken, it must not add its batch to gold: after a reset that would count the batch twice."""
+    lease_env = {"PIPELINE_LEASE_TTL": "4 seconds"}
+    in_process = {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        **lease_env,
+    }
+    ledger = committed_ledger(config, 40, seed=41)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in in_process.items():
+            patch.setenv(name, value)
+        assert main(["run", "--layer", "all", "--available-now"]) == 0
+        produce_numbered(client_config(config), config.kafka.topics[0], "r42", 20, 42, ledger, duration_s=0)
+        for layer in ("bronze", "silver"):  # what gold's batch 1 will read
+            assert main(["run", "--layer", layer, "--available-now"]) == 0
+
+        log = tmp_path / "frozen.log"
+        frozen_at = "gold:before_sink_commit:1:freeze"
+        with log.open("w") as output:
+            frozen = subprocess.Popen(
+                [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "gold", "--available-now"],
+                env=pipeline_env(config, **lease_env, **{CRASH_POINT_VAR: frozen_at}),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_for(lambda: frozen.poll() is None and process_state(frozen.pid) == "T", 240, "the frozen gold batch")
+            time.sleep(5)  # past the lease's time to live: the stream is free for another process
+            if taken_by == "reset":
+                assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
+            assert main(["run", "--layer", "gold", "--available-now"]) == 0
+            assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+            frozen.wait(timeout=180)
+        output = log.read_text()
+        assert f"crash point {frozen_at.removesuffix(':freeze')}: the driver goes on" in output, output[-5000:]
+        assert "writes nothing more for gold" in output, output[-5000:]
+        assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+        # The stream goes on exactly from whatever the woken process left behind.
+        produce_numbered(client_config(config), config.kafka.topics[0], "r43", 10, 43, ledger, duration_s=0)
+        assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
 
 
 @pytest.mark.faults

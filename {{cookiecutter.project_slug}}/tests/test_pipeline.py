@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
+from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_aggregates
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
@@ -196,6 +197,23 @@ def test_lost_gold_checkpoint_refuses_to_start_until_reset_rebuilds_gold(spark, 
     run_available_now(spark, config)
     assert gold_totals(spark, config) == expected_gold(records)
     assert_audit_clean(spark, config)
+
+
+def test_a_gold_commit_under_the_id_of_a_stream_that_was_reset_is_skipped(spark, config):
+    """What a gold process that stood still past its lease would commit on waking after a reset:
+    its next batch, tagged with its old stream id. The reset fenced that id on gold."""
+    records = produce_sample(config, 40, seed=12)
+    run_available_now(spark, config)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    old_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint("gold"), "gold")
+
+    reset(spark, lakehouse, with_downstream("gold"), config.gold_window)
+    late_batch = window_aggregates(table(spark, config, SILVER), config.gold_window)
+    add_to_windows(late_batch, lakehouse.table(GOLD), old_id, 7)
+
+    assert gold_totals(spark, config) == expected_gold(records)
+    run_available_now(spark, config)
+    assert gold_totals(spark, config) == expected_gold(records)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
-from ..pipeline.config import Config
+from ..pipeline.config import Config, duration_seconds
 from ..pipeline.delta.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
 from ..pipeline.egress import configured, installed_names
 from ..pipeline.egress import stream as egress_stream
@@ -146,8 +146,9 @@ def reset_checkpoints(
     way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
         # Held for the whole reset: no stream starts halfway through it.
-        with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out):
-            done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window)
+        ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+        with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
+            done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return ExitCode.REFUSED

@@ -29,6 +29,7 @@ from .kafka.clients import earliest_offsets, spark_source_options, topic_partiti
 from .kafka.identity import SourceGuard
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
+from .recovery.lease import check_held
 from .refusals import Refusal
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ def stream_writer(
         # Asked before each batch: a topic created again since the start is refused before anything is written.
         identified = with_topic_ids(rows, sources.topic_ids())
         with crash_points(rows.sparkSession, "bronze", batch_id):
+            check_held(lakehouse, "bronze")
             append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
+        check_held(lakehouse, "bronze")  # before Spark's commit-log entry
 
     kafka_rows = spark.readStream.format("kafka").options(**options).load()
     # Applied to the stream, not inside write_batch: here current_timestamp() is

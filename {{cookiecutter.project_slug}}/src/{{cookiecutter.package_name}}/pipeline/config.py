@@ -65,6 +65,7 @@ TLS_KEYS = (
     "ssl_endpoint_identification",
 )
 DEFAULT_DOWNSTREAM_TRIGGER = "1 second"
+DEFAULT_LEASE_TTL = "60 seconds"
 # A value of the wrong TOML type, in the words of the file: "expected int, got str '4'".
 TYPE_ERRORS = {
     "int_type": "int",
@@ -414,6 +415,9 @@ class PipelineSection(Section):
     trigger_interval: Duration
     # Silver and gold: how often they look for a new commit upstream (see streams.trigger_for).
     downstream_trigger_interval: Duration = DEFAULT_DOWNSTREAM_TRIGGER
+    # How long a stream's lease lives without renewal (recovery/lease.py): a holder writes for
+    # three quarters of it after its last renewal; a crashed holder's stream is free after it.
+    lease_ttl: Duration = DEFAULT_LEASE_TTL
 
 
 class MetricsSection(Section):
@@ -456,6 +460,7 @@ class Config(BaseModel):
     gold_window: str
     trigger_interval: str
     downstream_trigger_interval: str = DEFAULT_DOWNSTREAM_TRIGGER
+    lease_ttl: str = DEFAULT_LEASE_TTL
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     egress_sections: Mapping[str, Any] = Field(default_factory=dict)
@@ -493,6 +498,7 @@ def load_config(
         gold_window=settings.pipeline.gold_window,
         trigger_interval=settings.pipeline.trigger_interval,
         downstream_trigger_interval=settings.pipeline.downstream_trigger_interval,
+        lease_ttl=settings.pipeline.lease_ttl,
         metrics_port=settings.metrics.port,
         metrics_address=settings.metrics.address,
         egress_sections=egress,

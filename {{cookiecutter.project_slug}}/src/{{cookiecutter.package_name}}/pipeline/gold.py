@@ -28,6 +28,7 @@ from .delta.tables import GOLD, Lakehouse, latest_snapshot, read_properties, set
 from .delta.writes import delta_transaction, retry_conflicts, warm_up_state
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
+from .recovery.lease import check_held
 from .recovery.rebuild import source_stream
 from .recovery.sink_progress import record_sink_versions
 from .refusals import Refusal
@@ -165,7 +166,9 @@ def stream_writer(
         try:
             if not aggregates.isEmpty():
                 with crash_points(silver_batch.sparkSession, "gold", batch_id):
+                    check_held(lakehouse, "gold")
                     add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+            check_held(lakehouse, "gold")  # before the checkpoint's sink versions and commit-log entry
             if prepared.stream_id is not None:
                 record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
         finally:

@@ -253,6 +253,18 @@ class Refusal(Enum):
         found="this process already runs the stream (lease {path}).",
         way_out="stop that query first.",
     )
+    LEASE_LOST = Entry(
+        title="A stream that lost its lease while it ran",
+        happened="the process stood still (a long GC pause, SIGSTOP, a frozen VM, a storage stall) or could not "
+        "renew its lease for longer than the lease's time to live less its margin; meanwhile another process may "
+        "have taken the stream over or reset it",
+        found="this process last renewed lease {path} {age} s ago, later than the {limit} s it may write for "
+        "(pipeline.lease_ttl {ttl} s less a quarter): it stops the stream and writes nothing more to its tables, "
+        "checkpoint or sink.",
+        way_out="nothing to undo: the batch it was writing is replayed by whichever process holds the stream "
+        "now. If none does, start it again (`run --layer {stream_name}`); if pauses this long are expected, raise "
+        "`pipeline.lease_ttl`.",
+    )
     RESET_UNCONFIRMED = Entry(
         title="A reset nobody confirmed",
         happened="`checkpoints reset` ran where nothing can ask (not on a terminal) without `--yes`",

@@ -37,6 +37,7 @@ from .delta.writes import delta_transaction, retry_conflicts, warm_up_state
 from .monitoring import QUARANTINE_ALERT_SHARE, report_quarantine
 from .recovery import checkpoints
 from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
+from .recovery.lease import check_held
 from .recovery.rebuild import source_stream
 from .recovery.sink_progress import record_sink_versions
 
@@ -275,14 +276,17 @@ def stream_writer(
                 # with nothing to insert is left alone (a replay finds nothing either):
                 # a MERGE costs about a second even when its source is empty.
                 if rejected < records:
+                    check_held(lakehouse, "silver")
                     insert_new_kafka_records(
                         valid_events(parsed, contract), silver_path, ranges, prepared.stream_id, batch_id
                     )
                 if rejected:
                     reach("silver", BETWEEN_SINK_COMMITS, batch_id)
+                    check_held(lakehouse, "silver")
                     insert_new_kafka_records(
                         quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
                     )
+            check_held(lakehouse, "silver")  # before the checkpoint's sink versions and commit-log entry
             if prepared.stream_id is not None:
                 record_sink_versions(bronze_batch.sparkSession, checkpoint, batch_id, sinks)
         finally:

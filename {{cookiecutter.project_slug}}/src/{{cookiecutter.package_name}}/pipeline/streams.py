@@ -77,32 +77,38 @@ def start_stream(
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
-    stream_lease = lease.acquire(spark, lakehouse, layer)
-    # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
-    stream = STREAMS.get(layer) or egress_stream(layer)
-    prepared = checkpoints.prepare(spark, lakehouse, stream)
-    if layer == "bronze":
-        bronze.check_subscription(spark, config, lakehouse)
-    if layer == gold.STREAM:
-        gold.check_window(spark, lakehouse, config.gold_window)
-    if delivery is Delivery.AT_LEAST_ONCE:
-        prepared = dataclasses.replace(prepared, stream_id=None)
-    starters: dict[str, Callable[[], DataStreamWriter]] = {
-        "bronze": lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
-        "silver": lambda: silver.stream_writer(spark, lakehouse, prepared, contract),
-        "gold": lambda: gold.stream_writer(spark, config, lakehouse, prepared, contract),
-        **{
-            name: (lambda module=module: module.start(spark, config, lakehouse, prepared.stream_id, contract))
-            for name, module in egresses.items()
-        },
-    }
-    writer = starters[layer]()
-    query = (
-        writer.option("checkpointLocation", lakehouse.checkpoint(layer))
-        .queryName(layer)
-        .trigger(**trigger_for(config, available_now, layer))
-        .start()
-    )
+    ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    stream_lease = lease.acquire(spark, lakehouse, layer, ttl_s=ttl_s)
+    stream_lease.heartbeat()  # renewed while the stream starts, too
+    try:
+        # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
+        stream = STREAMS.get(layer) or egress_stream(layer)
+        prepared = checkpoints.prepare(spark, lakehouse, stream)
+        if layer == "bronze":
+            bronze.check_subscription(spark, config, lakehouse)
+        if layer == gold.STREAM:
+            gold.check_window(spark, lakehouse, config.gold_window)
+        if delivery is Delivery.AT_LEAST_ONCE:
+            prepared = dataclasses.replace(prepared, stream_id=None)
+        starters: dict[str, Callable[[], DataStreamWriter]] = {
+            "bronze": lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
+            "silver": lambda: silver.stream_writer(spark, lakehouse, prepared, contract),
+            "gold": lambda: gold.stream_writer(spark, config, lakehouse, prepared, contract),
+            **{
+                name: (lambda module=module: module.start(spark, config, lakehouse, prepared.stream_id, contract))
+                for name, module in egresses.items()
+            },
+        }
+        writer = starters[layer]()
+        query = (
+            writer.option("checkpointLocation", lakehouse.checkpoint(layer))
+            .queryName(layer)
+            .trigger(**trigger_for(config, available_now, layer))
+            .start()
+        )
+    except BaseException:
+        stream_lease.release()  # a refused or failed start leaves the stream free at once
+        raise
     stream_lease.guard(query)
     return query
 
@@ -126,8 +132,13 @@ def reset(
     streams: list[Stream],
     gold_window: str,
     contract: Contract = EVENTS,
+    config: Config | None = None,
 ) -> list[rebuild.Rebuilt]:
     """Forget the checkpoints of ``streams``; rebuild aside the ones that are rebuilt, each in one commit per table.
+
+    The ids of the streams it ends are fenced first: on their Delta tables (``checkpoints.reset``)
+    and, for an egress ``config`` turns on, on its sink (the egress's ``fence``), so a process of an
+    old stream that wakes after the reset writes nothing.
 
     Silver is rebuilt only with gold (a reset of silver or above): an overwrite of silver would stop a gold
     stream that goes on reading it. Alone (``--only``), silver's new stream re-reads bronze keeping each
@@ -138,6 +149,12 @@ def reset(
         reset(spark, Lakehouse("/data/lake"), with_downstream("silver"), config.gold_window)
     """
     duration_seconds(gold_window, "pipeline.gold_window")
+    egresses = configured(config) if config is not None else {}
+    for stream in streams:
+        if stream.name in egresses:
+            old_id = checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(stream.name), stream.name)
+            if old_id is not None:
+                egresses[stream.name].fence(config, old_id)
     checkpoints.reset(spark, lakehouse, streams)
     builders: dict[str, tuple[rebuild.RowsBuilder, dict[str, str]]] = {
         "silver": (lambda bronze_rows: silver.rebuilt_rows(bronze_rows, contract), {}),

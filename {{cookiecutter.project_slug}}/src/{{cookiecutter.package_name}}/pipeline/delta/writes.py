@@ -118,6 +118,35 @@ def append_idempotent(rows: DataFrame, path: str, app_id: str | None, batch_id: 
     warm_up_state(rows.sparkSession, path)
 
 
+# The batch id a fence records for a stream id that has ended: higher than any batch it can reach.
+FENCED_BATCH = 2**63 - 1
+
+
+def fence_app_id(spark: SparkSession, path: str, app_id: str) -> None:
+    """Make Delta skip every later write to the table at ``path`` tagged with ``app_id``.
+
+    One empty commit records (``app_id``, FENCED_BATCH): a write tagged (``app_id``, N) that starts
+    after it is skipped as already done, and one that started before it fails at commit, because
+    the fence changed the very transaction id it read. A reset fences the ids of the streams it
+    ends, so a process that stood still past its lease cannot add a batch to a rebuilt table.
+
+    Example::
+
+        fence_app_id(spark, "/data/lake/tables/gold_event_windows", "6f1c...")
+    """
+    if not path or not app_id:
+        raise ValueError("path must name a Delta table and app_id a stream id")
+    schema = spark.read.format("delta").load(path).schema
+    (
+        spark.createDataFrame([], schema)
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", FENCED_BATCH)
+        .save(path)
+    )
+
+
 def retry_conflicts(write: Callable[[], None], what: str, attempts: int = CONFLICT_ATTEMPTS) -> None:
     """Run a tagged Delta write, again if a concurrent compaction made Delta refuse its commit.
 

@@ -46,6 +46,7 @@ from ..kafka.clients import client_config
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
+from ..recovery.lease import check_held
 from ..refusals import Refusal
 from . import section_settings
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
@@ -458,6 +459,25 @@ def cleanup_policy(admin: AdminClient, topic: str) -> str:
     return entries["cleanup.policy"].value
 
 
+def fence(config: Config, stream_id: str) -> None:
+    """End the producer of ``stream_id``: a process still running it can commit nothing more.
+
+    A reset calls it before it forgets the stream: initialising a producer with the old
+    transactional id makes the broker abort that id's open transaction and bump its epoch, so a
+    process of the old stream that stood still (its lease lost) and wakes fails its commit as
+    fenced instead of publishing a batch beside the new stream's snapshot.
+
+    Example::
+
+        fence(config, "6f1c...")  # the old stream id, read from its checkpoint
+    """
+    if not stream_id:
+        raise ValueError("stream_id must be the egress stream's id")
+    producer = Producer(client_config(config, **{"transactional.id": transactional_id(stream_id)}))
+    producer.init_transactions(KAFKA_TIMEOUT_S)
+    producer.flush(KAFKA_TIMEOUT_S)
+
+
 def provision_local(config: Config) -> None:
     """Create the output topic on the development broker, compacted: a changelog keeps each key's newest value."""
     topic = settings(config).topic
@@ -518,7 +538,9 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:
         with crash_points(changes.sparkSession, STREAM, batch_id):
+            check_held(lakehouse, STREAM)
             egress.publish(changes, batch_id)
+        check_held(lakehouse, STREAM)  # before Spark's commit-log entry
 
     return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
 

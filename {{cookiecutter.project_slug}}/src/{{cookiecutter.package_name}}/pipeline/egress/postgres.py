@@ -31,6 +31,7 @@ from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
+from ..recovery.lease import check_held
 from ..refusals import Refusal
 from . import section_settings
 from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
@@ -454,6 +455,22 @@ def check_connection(config: Config) -> None:
         raise ConfigError(f"{SECTION}.password_file: PostgreSQL refused user {user!r} ({reason}); {fix}") from None
 
 
+def fence(config: Config, stream_id: str) -> None:
+    """Nothing to do: the database fences an old stream itself (kept for symmetry with kafka.py).
+
+    A process of the old stream still inside its transaction holds its marker row's lock; the
+    new stream's first batch deletes that row and the table's rows, so it waits for that
+    transaction to end (``idle_in_transaction_timeout`` at most) and then replaces the table with
+    gold's snapshot. A transaction of the old stream that begins later finds no marker and is refused.
+
+    Example::
+
+        fence(config, "6f1c...")  # does nothing
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+
+
 def provision_local(config: Config) -> None:
     """Nothing to provision: the stream creates its tables when it starts (kept for symmetry with kafka.py).
 
@@ -550,6 +567,8 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:
         with crash_points(changes.sparkSession, STREAM, batch_id):
+            check_held(lakehouse, STREAM)
             egress.apply(changes, batch_id)
+        check_held(lakehouse, STREAM)  # before Spark's commit-log entry
 
     return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)

@@ -56,7 +56,8 @@ from enum import Enum
 from pyspark.sql import SparkSession
 
 from ..delta import files
-from ..delta.tables import BRONZE, Lakehouse, Stream, set_properties, table_exists, unset_property
+from ..delta.tables import BRONZE, Lakehouse, Stream, read_properties, set_properties, table_exists, unset_property
+from ..delta.writes import fence_app_id
 from ..refusals import Refusal
 from .sink_progress import (
     IDENTITY_PROPERTY,
@@ -312,9 +313,22 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
 
     Until gold is rebuilt, gold has rows and no checkpoint, which every start
     refuses: a reset cut short never lets a stream count anything twice.
+
+    Before a checkpoint goes, its stream id is fenced on each of the stream's tables
+    (``fence_app_id``): whatever a process still running under that id would commit is
+    skipped or fails, so only the new stream writes from here on.
     """
     for stream in streams:
-        files.delete(spark, lakehouse.checkpoint(stream.name), recursive=True)
+        checkpoint = lakehouse.checkpoint(stream.name)
+        # Unreadable metadata: the ids the tables recorded still get fenced.
+        ended = {read_stream_id_if_readable(spark, checkpoint, stream.name)}
+        for name in stream.sinks:
+            path = lakehouse.table(name)
+            if table_exists(spark, path):
+                for stream_id in ended | {read_properties(spark, path).get(IDENTITY_PROPERTY % stream.name)}:
+                    if stream_id:
+                        fence_app_id(spark, path, stream_id)
+        files.delete(spark, checkpoint, recursive=True)
         if not stream.rebuilt_from_source:
             continue
         for name in stream.sinks:
@@ -348,6 +362,14 @@ def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = No
         found = "empty" if not text.strip() else f"not a stream id: {text[:80]!r}"
         raise CheckpointError(Refusal.METADATA_UNREADABLE.message(name, path=path, what=found))
     return stream_id
+
+
+def read_stream_id_if_readable(spark: SparkSession, checkpoint: str, stream: str | None = None) -> str | None:
+    """``read_stream_id``, with None for metadata that cannot be read (what a reset has to work with)."""
+    try:
+        return read_stream_id(spark, checkpoint, stream)
+    except CheckpointError:
+        return None
 
 
 def create_stream_id(spark: SparkSession, checkpoint: str, stream_id: str | None = None) -> str:

@@ -4,8 +4,11 @@ Off unless PIPELINE_CRASH_POINT is set to ``<stream>:<point>:<batch id>``, e.g.
 ``silver:after_sink_commit:0``. At that point the driver kills itself with
 SIGKILL: no cleanup, no commit-log entry, as an OOM kill or a lost node would.
 With a fourth part, ``pause=<seconds>`` (``kafka_egress:after_pre_commit:0:pause=5``),
-the driver stops there that long instead and then goes on, as a long GC pause, a
-frozen VM or a storage stall would: nothing it holds is given up in between.
+the batch stops there that long instead and then goes on, as a slow batch would: the
+rest of the process (the lease's heartbeat) keeps running. With ``freeze``
+(``gold:before_sink_commit:1:freeze``), the whole process stops itself with SIGSTOP,
+every thread at once, as a long GC pause, a frozen VM or a storage stall would,
+until something sends it SIGCONT: nothing it holds is given up in between.
 
 Points, inside a stream's micro-batch:
 * before_sink_commit  the offsets are logged, nothing of the batch is written;
@@ -50,8 +53,11 @@ BETWEEN_SINK_COMMITS = "between_sink_commits"
 INNER_POINTS = (BETWEEN_SINK_COMMITS, *EGRESS_POINTS)
 
 
+FREEZE = ":freeze"
+
+
 def _armed(stream: str, point: str, batch_id: int) -> bool:
-    where, _, _ = os.environ.get(CRASH_POINT_VAR, "").partition(":pause=")
+    where, _, _ = os.environ.get(CRASH_POINT_VAR, "").removesuffix(FREEZE).partition(":pause=")
     return where == f"{stream}:{point}:{batch_id}"
 
 
@@ -67,6 +73,11 @@ def _pause_seconds() -> float | None:
 
 
 def _crash(stream: str, point: str, batch_id: int) -> None:
+    if os.environ.get(CRASH_POINT_VAR, "").endswith(FREEZE):
+        print(f"crash point {stream}:{point}:{batch_id}: freezing the driver (SIGSTOP)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        print(f"crash point {stream}:{point}:{batch_id}: the driver goes on (SIGCONT)", file=sys.stderr, flush=True)
+        return
     pause = _pause_seconds()
     if pause is not None:
         print(f"crash point {stream}:{point}:{batch_id}: pausing the driver {pause:g} s", file=sys.stderr, flush=True)

@@ -1,34 +1,47 @@
-"""One process per stream: a lease file beside the stream's checkpoint.
+"""One process per stream: a lease beside the stream's checkpoint, and a holder that stops in time.
 
-``<lakehouse>/checkpoints/<stream>.lease`` holds who runs the stream (host, pid,
-start time, a random owner id) and when it last renewed the lease. A process
-takes the lease before it starts the stream and a heartbeat thread renews it
-while the query runs; it is released when the query ends. Another process
-that finds a lease refuses to start the stream, or to reset it, while the
-lease is live. A lease is not live when:
+``<lakehouse>/checkpoints/<stream>.leases/<generation>`` holds who runs the stream (host, pid,
+start time, a random owner id) and when it last renewed the lease; the highest generation is
+the lease. A process takes the lease before it starts the stream and a heartbeat thread renews
+it while the query runs; it is released when the query ends. Another process that finds a
+lease refuses to start the stream, or to reset it, while the lease is live. A lease is not
+live when:
 
 * it was not renewed for ``ttl_s`` (the holder crashed, hangs or lost storage), or
 * its holder ran on this host and that pid is gone (or a zombie): a process
   killed with SIGKILL on the same machine frees its streams at once.
 
-The file is beside the checkpoint directory, not in it, so ``checkpoints
-reset`` (which deletes the directory) never drops a live lease.
+Taking the lease, free or expired, is one exclusive create of the next generation's file
+(``create`` without overwrite): of two processes that both found generation 3 expired, only one
+creates generation 4; nothing is deleted first. A holder writes its own generation's file and
+nothing else, and loses the lease as soon as a higher generation exists.
 
-Limits, said plainly. The lease is advisory: only this pipeline's code reads
-it, so an operator's own ``RESTORE``, ``DELETE`` or a hand-run job is not
-excluded. Taking a free lease is "create if absent" through Hadoop's
-FileSystem: exclusive on a local disk and on HDFS (``create`` without
-overwrite fails if the file exists), but on object stores (S3A, ABFS, GCS)
-Hadoop checks existence and then writes, so two processes starting within the
-same moment can both believe they won. Each holder reads the file back after
-writing it and at every renewal; a holder that finds another owner's lease
-stops its stream at once, so such an overlap lasts at most one renewal
-interval. Within it, both runs tag their Delta commits with the same stream
-id, and Delta rejects the second commit of the same (stream id, batch id),
-which bounds the damage; it does not make object stores a lock service. Host
-names must be unique among the machines that run the pipeline, and clocks
-must agree to well within ``ttl_s``, since freshness is judged on the
-renewal time the holder wrote.
+A holder that stood still stops by itself. It measures the age of its last successful renewal
+on its own monotonic clock, from the moment that renewal began, and may write for the stream
+only while that age is below ``ttl_s`` less a quarter (``SAFETY_MARGIN_SHARE``). Every batch
+checks this right before it writes to a table or a sink (``check_held``), and the heartbeat stops
+the query once it is past; a renewal that fails does not count. Another process can take over
+only ``ttl_s`` after the last renewal by its wall clock, so a process that wakes from a pause
+(GC, SIGSTOP, a frozen VM, a storage stall) after losing the stream finds it out before its next
+write. What remains, said plainly: the checks run at the edges of a batch's writes; a process
+frozen for longer than the margin inside one Delta commit or one sink commit, after its check,
+writes that one commit late. Delta's conflict detection and the sinks' own fencing (a reset
+fences the old stream id on every sink: recovery/checkpoints.py, the egresses) close that for
+the writes they cover.
+
+The directory is beside the checkpoint directory, not in it, so ``checkpoints reset`` (which
+deletes the directory) never drops a live lease.
+
+Limits, said plainly. The lease is advisory: only this pipeline's code reads it, so an
+operator's own ``RESTORE``, ``DELETE`` or a hand-run job is not excluded. The exclusive create is
+atomic on a local disk and on HDFS; on object stores without conditional writes (S3A, ABFS and
+GCS by default) Hadoop checks existence and then writes, so two processes taking the same
+generation at the same moment can both believe they won. Each reads the lease back after
+writing it and at every renewal; the loser stops its stream at once, so such an overlap lasts
+at most one renewal interval, and within it both tag their Delta commits with the same stream
+id, so Delta rejects the second commit of a batch. Host names must be unique among the machines
+that run the pipeline, and their clocks must agree to well within the margin (15 s at the
+default ``ttl_s``), since a contender judges expiry on the renewal time the holder wrote.
 """
 
 from __future__ import annotations
@@ -59,6 +72,9 @@ log = logging.getLogger(__name__)
 # Long enough that a busy driver (a full GC, a slow object store) renews in
 # time; short enough that a holder lost with its host frees the stream soon.
 DEFAULT_TTL_S = 60.0
+# A holder writes only while its last renewal is younger than ttl less this share of it: the
+# margin covers the clock difference between hosts and the time a renewal takes to land.
+SAFETY_MARGIN_SHARE = 0.25
 # How often a held query is looked at: a stream stopped by its process frees
 # its lease within this, so a restart in the same process never waits on it.
 WATCH_INTERVAL_S = 0.5
@@ -66,6 +82,10 @@ WATCH_INTERVAL_S = 0.5
 
 class LeaseHeld(CheckpointError):
     """Another live process holds the stream's lease."""
+
+
+class LeaseLost(CheckpointError):
+    """This process held the stream's lease and may no longer write for the stream."""
 
 
 class LeaseStatus(Enum):
@@ -89,16 +109,28 @@ class LeaseRecord:
         return f"pid {self.pid} on host {self.host}, started {self.started}"
 
 
-def lease_path(lakehouse: Lakehouse, stream: str) -> str:
-    """Where a stream's lease lives: beside its checkpoint directory.
+def lease_directory(lakehouse: Lakehouse, stream: str) -> str:
+    """Where a stream's lease lives, one file per generation: beside its checkpoint directory.
 
     Example::
 
-        lease_path(Lakehouse("/data/lake"), "bronze")  # "/data/lake/checkpoints/bronze.lease"
+        lease_directory(Lakehouse("/data/lake"), "bronze")  # "/data/lake/checkpoints/bronze.leases"
     """
     if not stream:
         raise ValueError("stream must be a stream name, e.g. 'bronze'")
-    return f"{lakehouse.checkpoint(stream)}.lease"
+    return f"{lakehouse.checkpoint(stream)}.leases"
+
+
+def lease_path(lakehouse: Lakehouse, stream: str, generation: int) -> str:
+    """The file of one generation of a stream's lease.
+
+    Example::
+
+        lease_path(Lakehouse("/data/lake"), "bronze", 3)  # "/data/lake/checkpoints/bronze.leases/0000000003"
+    """
+    if not isinstance(generation, int) or generation < 1:
+        raise ValueError(f"generation must be a positive int, not {generation!r}")
+    return _generation_path(lease_directory(lakehouse, stream), generation)
 
 
 def read_lease(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> tuple[LeaseStatus, LeaseRecord | None]:
@@ -110,43 +142,95 @@ def read_lease(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> tuple[
         if status is LeaseStatus.HELD:
             print(f"bronze runs as {record.describe()}")
     """
-    record = _read(spark, lease_path(lakehouse, stream))
+    _, record = _current(spark, lease_directory(lakehouse, stream))
     return _status(record), record
+
+
+def check_held(lakehouse: Lakehouse, stream: str) -> None:
+    """Raise LeaseLost if this process held ``stream``'s lease and may no longer write for it.
+
+    A batch calls it right before each write to a table or sink. A process that holds no
+    lease for the stream (a test driving a writer directly) passes.
+
+    Example::
+
+        check_held(Lakehouse("/data/lake"), "gold")  # then MERGE the batch into gold
+    """
+    held = _HELD.get(lease_directory(lakehouse, stream))
+    if held is not None:
+        held.check()
 
 
 class Lease:
     """A lease this process holds; renew it with a heartbeat, release it when done."""
 
-    def __init__(self, spark: SparkSession, path: str, record: LeaseRecord):
+    def __init__(self, spark: SparkSession, directory: str, generation: int, record: LeaseRecord, renewed_at: float):
         self._spark = spark
-        self.path = path
+        self.directory = directory
+        self.generation = generation
+        self.path = _generation_path(directory, generation)
         self.record = record
         self.lost = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._query = None
+        self._beating: threading.Thread | None = None
+        # time.monotonic() when the last successful write of the lease began.
+        self._renewed_at = renewed_at
 
     @property
     def active(self) -> bool:
         return not self._released.is_set() and not self.lost.is_set()
 
+    @property
+    def writable_s(self) -> float:
+        """How long after a renewal began this process may still write for the stream."""
+        return self.record.ttl_s * (1 - SAFETY_MARGIN_SHARE)
+
+    def age_s(self) -> float:
+        """Seconds since the last successful renewal began, on this process's monotonic clock."""
+        return time.monotonic() - self._renewed_at
+
+    def check(self) -> None:
+        """Raise LeaseLost unless this process may still write for the stream (see the module)."""
+        age = self.age_s()
+        if age >= self.writable_s and not self.lost.is_set():
+            self._lose(f"not renewed for {age:.1f} s")
+        if self.lost.is_set():
+            raise LeaseLost(
+                Refusal.LEASE_LOST.message(
+                    self.record.stream,
+                    path=self.path,
+                    age=f"{age:.0f}",
+                    limit=f"{self.writable_s:.0f}",
+                    ttl=f"{self.record.ttl_s:.0f}",
+                    stream_name=self.record.stream,
+                )
+            )
+
     def renew(self) -> bool:
-        """Write a new renewal time; False (and ``lost`` set) if another process owns the file now."""
+        """Write a new renewal time; False (and ``lost`` set) once the lease is no longer this process's."""
         with self._lock:
             if not self.active:
                 return False
-            found = _read(self._spark, self.path)
-            if found is None or found.owner != self.record.owner:
-                self.lost.set()
-                log.error(
-                    "lease %s: taken over by %s; this process stops the stream",
-                    self.path,
-                    "nobody (deleted)" if found is None else found.describe(),
-                )
+            began = time.monotonic()
+            if began - self._renewed_at >= self.writable_s:
+                self._lose(f"not renewed for {began - self._renewed_at:.1f} s")
                 return False
-            self.record = LeaseRecord(**{**asdict(self.record), "renewed_ms": _now_ms()})
-            _write(self._spark, self.path, self.record, overwrite=True)
+            generation, found = _current(self._spark, self.directory)
+            if generation != self.generation or found is None or found.owner != self.record.owner:
+                taker = "nobody (deleted)" if found is None else found.describe()
+                self._lose(f"taken over by {taker} (generation {generation})")
+                return False
+            record = LeaseRecord(**{**asdict(self.record), "renewed_ms": _now_ms()})
+            _write(self._spark, self.path, record, overwrite=True)
+            self.record, self._renewed_at = record, began
             return True
+
+    def _lose(self, why: str) -> None:
+        self.lost.set()
+        report_lease(self.record.stream, "none")
+        log.error("lease %s: %s; this process writes nothing more for %s", self.path, why, self.record.stream)
 
     def release(self) -> None:
         """Delete the lease file if it is still ours; idempotent."""
@@ -154,7 +238,7 @@ class Lease:
             if self._released.is_set():
                 return
             self._released.set()
-            _HELD.pop(self.path, None)
+            _HELD.pop(self.directory, None)
             report_lease(self.record.stream, "none")
             try:
                 found = _read(self._spark, self.path)
@@ -163,37 +247,50 @@ class Lease:
             except Exception:  # the JVM may be gone at interpreter exit: the lease then expires
                 log.warning("lease %s: not released; it expires in %.0f s", self.path, self.record.ttl_s)
 
-    def heartbeat(self, still_running: Callable[[], bool] | None = None, on_lost: Callable[[], None] | None = None):
-        """Renew in a daemon thread until ``still_running()`` is False (then release) or the lease is lost."""
+    def heartbeat(self, on_lost: Callable[[], None] | None = None) -> threading.Thread:
+        """Renew in a daemon thread (started once) until the lease is released or lost.
 
-        def beat() -> None:
-            interval = self.record.ttl_s / 6
-            next_renewal = time.monotonic() + interval
-            while self.active:
-                if still_running is not None and not still_running():
-                    self.release()
-                    return
-                if time.monotonic() >= next_renewal:
-                    try:
-                        renewed = self.renew()
-                    except Exception:  # storage hiccup: try again; the ttl covers several misses
-                        log.warning("lease %s: renewal failed, retrying", self.path, exc_info=True)
-                        renewed = True
-                    if not renewed:
-                        if on_lost is not None:
-                            on_lost()
+        Start it right after ``acquire``: the time a stream takes to start counts against the
+        lease like any other. Once ``guard`` attached a query, the thread releases the lease when
+        the query ends and stops the query when the lease is lost.
+        """
+        with self._lock:
+            if self._beating is not None:
+                return self._beating
+
+            def beat() -> None:
+                interval = self.record.ttl_s / 6
+                next_renewal = time.monotonic() + interval
+                while self.active:
+                    query = self._query
+                    if query is not None and not query.isActive:
+                        self.release()
                         return
-                    next_renewal = time.monotonic() + interval
-                self._released.wait(min(WATCH_INTERVAL_S, interval))
+                    if time.monotonic() >= next_renewal or self.age_s() >= self.writable_s:
+                        try:
+                            renewed = self.renew()
+                        except Exception:  # storage hiccup: try again soon; the margin covers several misses
+                            log.warning("lease %s: renewal failed, retrying", self.path, exc_info=True)
+                            renewed = self.age_s() < self.writable_s
+                            if not renewed:
+                                self._lose(f"no renewal succeeded for {self.age_s():.1f} s")
+                        if not renewed:
+                            if self._query is not None:
+                                self._query.stop()
+                            if on_lost is not None:
+                                on_lost()
+                            return
+                        next_renewal = time.monotonic() + interval
+                    self._released.wait(min(WATCH_INTERVAL_S, interval))
 
-        thread = threading.Thread(target=beat, name=f"lease-{self.record.stream}", daemon=True)
-        thread.start()
-        return thread
+            self._beating = threading.Thread(target=beat, name=f"lease-{self.record.stream}", daemon=True)
+            self._beating.start()
+            return self._beating
 
     def guard(self, query) -> None:
         """Hold the lease for as long as ``query`` runs; stop the query if the lease is lost."""
         self._query = query
-        self.heartbeat(still_running=lambda: query.isActive, on_lost=query.stop)
+        self.heartbeat()
 
 
 def acquire(
@@ -206,27 +303,28 @@ def acquire(
     Example::
 
         lease = acquire(spark, Lakehouse("/data/lake"), "bronze")
+        lease.heartbeat()  # renewed from now on
         query = start_the_stream()
-        lease.guard(query)  # renewed while the query runs, released when it stops
+        lease.guard(query)  # released when the query stops; the query stopped if the lease is lost
     """
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be positive, not {ttl_s}")
-    path = lease_path(lakehouse, stream)
-    mine = _HELD.get(path)
+    directory = lease_directory(lakehouse, stream)
+    mine = _HELD.get(directory)
     if mine is not None:
         if mine._query is None or not mine._query.isActive:
             # This process ran the stream and it ended (or never started): the
             # watcher has not released yet, so do it now rather than refuse ourselves.
             mine.release()
         else:
-            raise LeaseHeld(Refusal.LEASE_OWN.message(stream, then=way_out, path=path))
-    found = _read(spark, path)
+            raise LeaseHeld(Refusal.LEASE_OWN.message(stream, then=way_out, path=mine.path))
+    began = time.monotonic()
+    generation, found = _current(spark, directory)
     status = _status(found)
     if status is LeaseStatus.HELD:
-        raise LeaseHeld(_held_message(stream, path, found, way_out))
+        raise LeaseHeld(_held_message(stream, _generation_path(directory, generation), found, way_out))
     if found is not None:
         log.warning("%s: taking over a lease that is %s (%s)", stream, status.value, found.describe())
-        files.delete(spark, path)
     record = LeaseRecord(
         owner=str(uuid.uuid4()),
         stream=stream,
@@ -236,22 +334,28 @@ def acquire(
         renewed_ms=_now_ms(),
         ttl_s=float(ttl_s),
     )
+    taken = (generation or 0) + 1
+    path = _generation_path(directory, taken)
     if not _write(spark, path, record, overwrite=False):
-        found = _read(spark, path)
-        raise LeaseHeld(_held_message(stream, path, found, way_out))
-    # Read back: on an object store a racing process may have written after us.
-    found = _read(spark, path)
-    if found is None or found.owner != record.owner:
-        raise LeaseHeld(_held_message(stream, path, found, way_out))
-    lease = Lease(spark, path, record)
+        raise LeaseHeld(Refusal.LEASE_RACE.message(stream, then=way_out, path=path))
+    # Read back: on an object store without conditional writes a racing process may have written after us.
+    generation, found = _current(spark, directory)
+    if generation != taken or found is None or found.owner != record.owner:
+        raise LeaseHeld(Refusal.LEASE_RACE.message(stream, then=way_out, path=path))
+    lease = Lease(spark, directory, taken, record, renewed_at=began)
+    for older in _generations(spark, directory):
+        if older < taken:
+            files.delete(spark, _generation_path(directory, older))
     report_lease(stream, record.describe())
-    _HELD[path] = lease
+    _HELD[directory] = lease
     _release_at_exit()
     return lease
 
 
 @contextmanager
-def holding(spark: SparkSession, lakehouse: Lakehouse, streams: list[str], way_out: str = "") -> Iterator[list[Lease]]:
+def holding(
+    spark: SparkSession, lakehouse: Lakehouse, streams: list[str], way_out: str = "", ttl_s: float = DEFAULT_TTL_S
+) -> Iterator[list[Lease]]:
     """Hold the leases of ``streams`` (renewed) for the duration of a block, e.g. a reset.
 
     Example::
@@ -264,7 +368,7 @@ def holding(spark: SparkSession, lakehouse: Lakehouse, streams: list[str], way_o
     leases: list[Lease] = []
     try:
         for stream in streams:
-            leases.append(acquire(spark, lakehouse, stream, way_out=way_out))
+            leases.append(acquire(spark, lakehouse, stream, ttl_s=ttl_s, way_out=way_out))
             leases[-1].heartbeat()
         yield leases
     finally:
@@ -339,6 +443,22 @@ def _release_at_exit() -> None:
         if not _exit_hook_registered:
             atexit.register(_release_all)
             _exit_hook_registered = True
+
+
+def _generation_path(directory: str, generation: int | None) -> str:
+    return f"{directory}/{generation or 0:010d}"
+
+
+def _generations(spark: SparkSession, directory: str) -> list[int]:
+    return sorted(int(name) for name in files.list_names(spark, directory) if name.isdigit())
+
+
+def _current(spark: SparkSession, directory: str) -> tuple[int | None, LeaseRecord | None]:
+    """(highest generation, its record) of a lease directory; (None, None) when it holds none."""
+    generations = _generations(spark, directory)
+    if not generations:
+        return None, None
+    return generations[-1], _read(spark, _generation_path(directory, generations[-1]))
 
 
 def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
