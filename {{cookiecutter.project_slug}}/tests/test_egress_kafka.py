@@ -736,6 +736,38 @@ def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_rese
     assert_topic_is_gold(spark, config, out)
 
 
+def test_an_egress_behind_changes_that_vacuum_removed_is_refused_until_a_reset_which_is_exact(
+    spark, config, kafka_bootstrap, monkeypatch, capsys
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    tiny_gold(spark, gold_path(config), rows=4)
+    run(spark, config, EGRESS)
+    # Gold moves on while the egress is stopped, then VACUUM removes what its change feed is read from.
+    gold = DeltaTable.forPath(spark, gold_path(config))
+    gold.update("event_count = 2", {"event_count": "20"})
+    gold.delete("event_count = 1")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        gold.vacuum(0)
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    before = fold(kafka_bootstrap, out, "read_committed")[0]
+    capsys.readouterr()
+
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"{EGRESS}: it publishes gold's changes from version 2 on" in refusal
+    assert "VACUUM or the log's cleanup removed it" in refusal and f"checkpoints reset {EGRESS}" in refusal
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    # The way out: a new stream id publishes gold whole; the deleted row gets its tombstone.
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    assert_topic_is_gold(spark, config, out, once=False)
+
+
 def set_cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
     """What the refusal's kafka-configs.sh command does: set the topic's cleanup.policy."""
     entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)

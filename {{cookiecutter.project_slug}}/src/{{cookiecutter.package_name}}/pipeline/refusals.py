@@ -36,6 +36,8 @@ REBUILDS = {
     "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
 }
 OTHER_STREAM_REBUILDS = "the stream and everything downstream start over consistently"
+# An Entry's ``egress`` for a refusal every egress stream can meet.
+ANY_EGRESS = "any egress"
 
 
 @cache
@@ -83,7 +85,7 @@ class Entry:
     ``found`` and ``way_out`` are ``str.format`` templates over the facts the refusing code passes,
     plus ``reset`` (the reset command of the subject), ``reset_only`` (the same with ``--only``) and
     ``rebuilds`` (what that reset rebuilds). ``egress`` names the egress stream an entry belongs to:
-    a project without that egress never meets it.
+    a project without that egress never meets it (``ANY_EGRESS``: every egress can meet it).
     """
 
     title: str
@@ -94,6 +96,13 @@ class Entry:
     egress: str | None = None
     # False when ``found`` names its subject itself (a table refusal reads "silver_events at ... was made ...").
     prefixed: bool = True
+
+    def applies_to(self, installed_egress: Iterable[str]) -> bool:
+        """Whether a project with the egress streams ``installed_egress`` can meet this refusal."""
+        installed = set(installed_egress)
+        if self.egress is None:
+            return True
+        return bool(installed) if self.egress == ANY_EGRESS else self.egress in installed
 
     def fields(self) -> set[str]:
         return {
@@ -336,6 +345,17 @@ class Refusal(Enum):
         found="{table} has columns {found}, gold's contract gives it {expected}.",
         way_out="drop {tables}, then {reset}: they are made again.",
     )
+    EGRESS_CHANGES_REMOVED = Entry(
+        title="An egress behind gold changes that VACUUM removed",
+        egress=ANY_EGRESS,
+        happened="the egress was stopped, or fell behind, for longer than gold's VACUUM retention (or its "
+        "log retention), and VACUUM or the log's cleanup removed files of gold versions it had not published",
+        found="it publishes gold's changes from version {version} on, but {missing} of version {missing_version} "
+        "is gone from {gold}: VACUUM or the log's cleanup removed it before this egress read it.",
+        way_out="{reset}: a new stream id publishes gold's current rows whole and removes from the sink what gold "
+        "no longer holds. So that it does not happen again, keep gold's VACUUM retention (and "
+        "`delta.logRetentionDuration`) longer than an egress can be stopped.",
+    )
 
     @property
     def entry(self) -> Entry:
@@ -399,7 +419,7 @@ def runbook(installed_egress: Iterable[str] = ()) -> str:
     blocks = [RUNBOOK_BEGIN]
     for refusal in Refusal:
         entry = refusal.entry
-        if entry.egress is not None and entry.egress not in installed:
+        if not entry.applies_to(installed):
             continue
         # Backquotes of the message (a statement to run) would end the code span early.
         says = string.Formatter().vformat(entry.found, (), in_code).replace("`", "'")

@@ -43,6 +43,12 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
     return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
 
 
+def exists(spark: SparkSession, path: str) -> bool:
+    """Whether there is a file or directory at ``path``."""
+    fs, jvm_path = filesystem(spark, path)
+    return bool(fs.exists(jvm_path))
+
+
 def holds_files(spark: SparkSession, path: str) -> bool:
     """Whether the directory ``path`` or any directory below it holds a file (False when there is none)."""
     fs, jvm_path = filesystem(spark, path)

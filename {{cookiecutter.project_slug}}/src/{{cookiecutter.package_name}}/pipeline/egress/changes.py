@@ -16,11 +16,17 @@ lifted: a backlog of many versions makes one large batch instead.
 
 from __future__ import annotations
 
+import json
+from urllib.parse import unquote
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..contract import EVENTS, Contract
-from ..delta.tables import GOLD, Lakehouse
+from ..delta import files
+from ..delta.tables import GOLD, Lakehouse, latest_snapshot
+from ..recovery.checkpoints import CheckpointError, committed_offsets
+from ..refusals import Refusal
 from . import GOLD_VERSION
 
 DELETED = "deleted"
@@ -47,6 +53,58 @@ def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
         .option("maxFilesPerTrigger", WHOLE_VERSIONS)
         .load(lakehouse.table(GOLD))
     )
+
+
+def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> None:
+    """Refuse (CheckpointError) to start egress ``stream`` when gold's changes it has yet to publish are gone.
+
+    VACUUM removes the change-data and data files of old gold versions, and the log's cleanup
+    their log entries; an egress that stood still longer than those retentions would fail on
+    them halfway through a batch. From the version after its last committed batch to gold's
+    latest, each version's log entry and the files its changes are read from must still be there.
+
+    Example::
+
+        check_changes_readable(spark, Lakehouse("/data/lake"), "kafka_egress")
+    """
+    if not stream:
+        raise ValueError("stream must name the egress stream, e.g. 'kafka_egress'")
+    offsets = committed_offsets(spark, lakehouse.checkpoint(stream))
+    if offsets is None:
+        return  # a new stream id starts from gold's current snapshot
+    position = json.loads(offsets)
+    # An offset names the next version to read, or (reading a starting snapshot) the snapshot's.
+    first = int(position["reservoirVersion"]) + (1 if position.get("isStartingVersion") else 0)
+    gold = lakehouse.table(GOLD)
+    for version in range(first, latest_snapshot(spark, gold).version() + 1):
+        missing = _missing_change_file(spark, gold, version)
+        if missing is not None:
+            raise CheckpointError(
+                Refusal.EGRESS_CHANGES_REMOVED.message(
+                    stream, version=first, missing=missing, missing_version=version, gold=gold
+                )
+            )
+
+
+def _missing_change_file(spark: SparkSession, gold: str, version: int) -> str | None:
+    """The first file gold's change feed of ``version`` is read from that is gone (its log entry, or a data file)."""
+    entry = f"_delta_log/{version:020d}.json"
+    text = files.read_text(spark, f"{gold}/{entry}")
+    if text is None:
+        return entry
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    # Change-data files when the version wrote them; otherwise Delta derives its changes from the
+    # files the version added and removed.
+    paths = [action["cdc"]["path"] for action in actions if "cdc" in action] or [
+        action[kind]["path"]
+        for action in actions
+        for kind in ("add", "remove")
+        if kind in action and action[kind].get("dataChange", True)
+    ]
+    for path in paths:
+        if not files.exists(spark, f"{gold}/{unquote(path)}"):
+            return unquote(path)
+    return None
 
 
 def latest_per_window(changes: DataFrame, contract: Contract = EVENTS) -> DataFrame:

@@ -49,7 +49,7 @@ from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..recovery.lease import check_held
 from ..refusals import Refusal
 from . import section_settings
-from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
+from .changes import DELETED, GOLD_VERSION, check_changes_readable, gold_changes, latest_per_window
 
 log = logging.getLogger(__name__)
 
@@ -501,12 +501,14 @@ def describe(config: Config) -> dict:
 def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
     """The egress stream's writer: gold's change feed, one Kafka transaction per micro-batch.
 
-    Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint, or behind it (lost).
+    Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint, or behind it (lost), or
+    when gold changes it has yet to publish were removed by VACUUM.
 
     Example::
 
         start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
     """
+    check_changes_readable(spark, lakehouse, STREAM)
     egress = KafkaEgress(config, settings(config), stream_id, contract)
     committed = egress.committed_batch()
     planned = last_planned_batch(spark, lakehouse.checkpoint(STREAM))

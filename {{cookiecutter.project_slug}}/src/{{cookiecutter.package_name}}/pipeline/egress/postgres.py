@@ -34,7 +34,7 @@ from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_point
 from ..recovery.lease import check_held
 from ..refusals import Refusal
 from . import section_settings
-from .changes import DELETED, GOLD_VERSION, gold_changes, latest_per_window
+from .changes import DELETED, GOLD_VERSION, check_changes_readable, gold_changes, latest_per_window
 
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
@@ -542,6 +542,7 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
 
         start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
     """
+    check_changes_readable(spark, lakehouse, STREAM)
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
     egress = PostgresEgress(settings(config), stream_id, contract)
