@@ -224,9 +224,9 @@ class Refusal(Enum):
         title="A topic created again, or another cluster",
         happened="a topic was deleted and created under the same name, or `kafka.bootstrap_servers` now reaches "
         "another cluster: offsets start again at 0 there. Bronze checks at every start and before every batch",
-        found="{changes}, at {bootstrap}. The checkpoint {checkpoint} holds offsets of what bronze read before, "
-        "and offsets start again at 0 in a new topic: resuming would skip the new records or take them for "
-        "others.",
+        found="{changes}, at {bootstrap}. Offsets start again at 0 in a new topic: resuming from the checkpoint "
+        "{checkpoint} would skip the new records or take them for others, and starting without it would read "
+        "another cluster without a word.",
         way_out="{reset_only}: bronze starts a new checkpoint that reads each new topic from its first offset "
         "and resumes the others after the offsets it holds; every record already in bronze, silver and gold "
         "stays, and silver keeps old and new records apart by topic id. If kafka.bootstrap_servers points at "

@@ -31,10 +31,11 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from . import bronze, gold, silver
 from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
-from .delta.tables import LAYERS, STREAMS, Lakehouse, Stream, ensure_tables
+from .delta.tables import BRONZE, LAYERS, STREAMS, Lakehouse, Stream, ensure_tables, table_exists
 from .delta.writes import Delivery
 from .egress import configured
 from .egress import stream as egress_stream
+from .kafka import identity
 from .recovery import checkpoints, lease, rebuild
 
 
@@ -156,6 +157,8 @@ def reset(
             if old_id is not None:
                 egresses[stream.name].fence(config, old_id)
     checkpoints.reset(spark, lakehouse, streams)
+    if any(stream.name == "bronze" for stream in streams) and table_exists(spark, lakehouse.table(BRONZE)):
+        identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
     builders: dict[str, tuple[rebuild.RowsBuilder, dict[str, str]]] = {
         "silver": (lambda bronze_rows: silver.rebuilt_rows(bronze_rows, contract), {}),
         "gold": (

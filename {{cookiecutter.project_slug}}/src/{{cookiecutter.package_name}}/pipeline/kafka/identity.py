@@ -16,6 +16,12 @@ start, and a batch that finds the change refuses before writing. The way out,
 ``checkpoints reset bronze --only``, starts bronze's checkpoint anew: each
 topic resumes after the offsets bronze holds *for its current id*, so a new
 incarnation is read from its first offset, and nothing of the old one is lost.
+
+Another cluster is refused on every start, with a checkpoint or without one (a
+lost checkpoint would otherwise read the other cluster from its first offsets
+without a word): the reset of bronze is what accepts a new cluster
+(``forget_cluster``). A topic created again needs no such gate without a
+checkpoint: its new incarnation is read from its first offset either way.
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ def recorded_sources(spark: SparkSession, lakehouse: Lakehouse) -> Sources | Non
     return None if text is None else Sources.from_json(text)
 
 
-def changes(recorded: Sources, current: Sources) -> list[str]:
+def changes(recorded: Sources, current: Sources, topics: bool = True) -> list[str]:
     """What differs between the recorded sources and the cluster's, in words; [] when nothing does.
 
-    A topic with no recorded id is new to bronze, not a change.
+    A topic with no recorded id is new to bronze, not a change. Without ``topics``, only the cluster.
 
     Example::
 
@@ -59,7 +65,7 @@ def changes(recorded: Sources, current: Sources) -> list[str]:
             f"another Kafka cluster answers (cluster id {recorded.cluster_id} recorded on bronze, "
             f"{current.cluster_id} now)"
         )
-    for topic, old in sorted(recorded.topic_ids.items()):
+    for topic, old in sorted(recorded.topic_ids.items()) if topics else ():
         new = current.topic_ids.get(topic)
         if new is not None and new != old:
             found.append(f"topic {topic} was deleted and created again (topic id {old} recorded on bronze, {new} now)")
@@ -73,6 +79,20 @@ def refusal(config: Config, lakehouse: Lakehouse, found: list[str]) -> str:
         bootstrap=bootstrap_servers(config),
         checkpoint=lakehouse.checkpoint("bronze"),
     )
+
+
+def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Let bronze's next start record whichever cluster answers: what a reset of bronze accepts.
+
+    The topic ids stay: they are what bronze's rows came from, and what it resumes after.
+
+    Example::
+
+        forget_cluster(spark, Lakehouse("/data/lake"))
+    """
+    recorded = recorded_sources(spark, lakehouse)
+    if recorded is not None and recorded.cluster_id is not None:
+        set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
 class SourceGuard:
@@ -93,8 +113,8 @@ class SourceGuard:
         """Check the cluster against bronze's record and record it; ``resuming``: the checkpoint has planned batches."""
         current = describe_sources(config, list(config.kafka.topics))
         recorded = recorded_sources(spark, lakehouse)
-        if recorded is not None and resuming:
-            found = changes(recorded, current)
+        if recorded is not None:
+            found = changes(recorded, current, topics=resuming)
             if found:
                 raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
         guard = cls(spark, config, lakehouse, recorded or Sources(None))
