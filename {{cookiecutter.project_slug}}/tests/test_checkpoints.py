@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from decimal import Decimal
@@ -213,16 +214,20 @@ def test_a_holder_not_renewed_for_three_quarters_of_its_lease_may_write_nothing(
 def test_a_renewal_that_fails_does_not_count_and_the_query_is_stopped_in_time(spark, tmp_path, monkeypatch):
     lakehouse = Lakehouse(str(tmp_path / "lake"))
     held = lease.acquire(spark, lakehouse, "bronze", ttl_s=4.0)
-    stopped_after = []
+    stopped, stopped_after = threading.Event(), []
     began = time.monotonic()
 
     def unreachable_storage(*args, **kwargs):
         raise OSError("storage unreachable")
 
+    def stop_the_query() -> None:
+        stopped_after.append(time.monotonic() - began)
+        stopped.set()
+
     monkeypatch.setattr(lease, "_write", unreachable_storage)
-    held.heartbeat(on_lost=lambda: stopped_after.append(time.monotonic() - began))
-    assert held.lost.wait(10)
-    assert stopped_after and stopped_after[0] < 4.0, stopped_after  # before another process may take over
+    held.heartbeat(on_lost=stop_the_query)
+    assert stopped.wait(10) and held.lost.is_set()
+    assert stopped_after[0] < 4.0, stopped_after  # before another process may take over
     with pytest.raises(lease.LeaseLost):
         lease.check_held(lakehouse, "bronze")
     monkeypatch.undo()
@@ -595,6 +600,9 @@ def test_another_cluster_answering_is_refused_until_bronze_alone_is_reset_then_b
         refusal = refused_run(capsys)
         assert "another Kafka cluster answers (cluster id " in refusal
         assert "checkpoints reset bronze --only" in refusal
+        # Its checkpoint lost as well: bronze must not read the other cluster from its start without a word.
+        shutil.rmtree(checkpoint(pipeline_env, "bronze"))
+        assert "another Kafka cluster answers (cluster id " in refused_run(capsys)
         assert main(["checkpoints", "reset", "bronze", "--only", "--yes"]) == 0
         assert main(["run", "--layer", "all", "--available-now"]) == 0
 

@@ -768,6 +768,27 @@ def test_an_egress_behind_changes_that_vacuum_removed_is_refused_until_a_reset_w
     assert_topic_is_gold(spark, config, out, once=False)
 
 
+def test_gold_compacted_between_batches_publishes_nothing_and_the_topic_stays_gold(
+    spark, config, kafka_bootstrap, gold_in_files
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold_in_files(spark, gold_path(config), windows=12, files=6)
+    run(spark, config, EGRESS)
+    before = fold(kafka_bootstrap, out, "read_committed")[0]
+
+    # A team's OPTIMIZE: a gold version that rewrites every file and changes no row.
+    gold = DeltaTable.forPath(spark, gold_path(config))
+    gold.optimize().executeCompaction()
+    assert gold.history(1).first().operation == "OPTIMIZE"
+    run(spark, config, EGRESS)
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    gold.update("event_count = 3", {"event_count": "30"})
+    run(spark, config, EGRESS)
+    assert_topic_is_gold(spark, config, out)
+
+
 def set_cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
     """What the refusal's kafka-configs.sh command does: set the topic's cleanup.policy."""
     entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)

@@ -3,16 +3,21 @@
 Each test has its own lakehouse and its own target table on one PostgreSQL server for the module.
 """
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 from delta.tables import DeltaTable
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
@@ -341,6 +346,103 @@ def test_a_session_left_inside_its_transaction_is_ended_by_the_server_and_the_ne
     with pytest.raises(psycopg.Error):  # the server ended it
         orphan.execute("SELECT 1")
     orphan.close()
+
+
+class ConnectionCutAtCommit:
+    """A TCP proxy in front of the real server that, once armed, cuts the next connection that sends COMMIT.
+
+    ``answered``: COMMIT reaches the server, its answer never reaches the client (the outcome unknown to
+    it, committed in fact). ``unanswered``: COMMIT never reaches the server, and the server's side of
+    the connection stays open as in a network partition: the server sees a session idle inside its
+    transaction, holding its locks.
+    """
+
+    # A simple-protocol Query message: 'Q', its length (4 + 6 + 1), "COMMIT" and its terminator.
+    COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+
+    def __init__(self, server_port: int, mode: str):
+        self.server_port, self.mode = server_port, mode
+        self.armed, self.cut = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.partitioned: list[socket.socket] = []  # server sides kept open, silent
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.server_port))
+            this_one_cut = threading.Event()
+            threading.Thread(target=self._pump, args=(client, server, True, this_one_cut), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False, this_one_cut), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, to_server: bool, this_one_cut) -> None:
+        try:
+            while data := source.recv(65536):
+                if not to_server and this_one_cut.is_set():
+                    return  # the server's answer to COMMIT (or anything after it) never arrives
+                if to_server and self.armed.is_set() and not self.cut.is_set() and self.COMMIT in data:
+                    this_one_cut.set()
+                    self.cut.set()
+                    if self.mode == "answered":
+                        target.sendall(data)  # the server commits; the other pump drops its answer
+                        time.sleep(0.5)
+                    else:
+                        self.partitioned.append(target)
+                    source.close()
+                    return
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            if target not in self.partitioned:
+                with contextlib.suppress(OSError):
+                    target.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for each in self.partitioned:
+            each.close()
+
+
+@pytest.mark.parametrize("mode", ["answered", "unanswered"])
+def test_a_connection_cut_at_commit_is_resolved_through_the_marker_without_waiting_on_a_lock(
+    spark, config, postgres, gold_in_files, mode
+):
+    dsn, _ = postgres
+    server_port = int(conninfo_to_dict(dsn)["port"])
+    proxy = ConnectionCutAtCommit(server_port, mode)
+    table = f"gold_cut_{mode}"
+    try:
+        timeouts = {"idle_in_transaction_timeout": "2 seconds", "lock_timeout": "1 minute"}
+        config = with_egress(config, postgres, table, **timeouts)
+        proxied = settings(config).model_copy(update={"dsn": make_conninfo(dsn, port=proxy.port)})
+        gold_in_files(spark, gold_path(config), windows=6, files=2)
+        egress = PostgresEgress(proxied, "cut")
+        egress.apply(gold_changes_since(spark, config, 0), 0)
+        before = gold_version(spark, config)
+        DeltaTable.forPath(spark, gold_path(config)).update("event_count = 1", {"event_count": "event_count + 10"})
+        batch = gold_changes_since(spark, config, before + 1)
+
+        proxy.armed.set()
+        with pytest.raises(psycopg.OperationalError):
+            egress.apply(batch, 1)
+        assert proxy.cut.is_set()
+        assert markers(postgres, table) == {"cut": 1 if mode == "answered" else 0}
+
+        # Spark replays the batch: the marker says whether it committed; an orphaned session's lock
+        # is gone within idle_in_transaction_timeout, not after TCP's hours.
+        started = time.monotonic()
+        applied = egress.apply(batch, 1)
+        assert applied == 0 if mode == "answered" else applied > 0
+        assert time.monotonic() - started < 30
+        assert table_mirror(postgres, table) == gold_mirror(spark, config)
+        assert markers(postgres, table) == {"cut": 1}
+    finally:
+        proxy.close()
 
 
 def test_a_batch_that_waits_longer_than_lock_timeout_fails_naming_the_setting_and_the_holder(
