@@ -140,8 +140,11 @@ def test_replayed_batch_is_a_no_op(spark, config, stream):
 
 
 def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_at_the_next_start(spark, config):
-    # What a driver killed inside its first CREATE TABLE leaves: the log directory without a commit.
-    (Path(Lakehouse(config.lakehouse_root).table(BRONZE)) / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    # What a driver killed inside its first CREATE TABLE leaves: the log directory without a commit,
+    # at most the commit's half-written temporary file.
+    log = Path(Lakehouse(config.lakehouse_root).table(BRONZE)) / "_delta_log"
+    (log / "_staged_commits").mkdir(parents=True)
+    (log / f".{0:020d}.json.5072f58a-fb2e-4085-b2ce-1b1e8ee3bef7.tmp").write_text('{"commitInfo":{')
     records = produce_sample(config, 30, seed=41)
 
     run_available_now(spark, config)

@@ -16,6 +16,7 @@ and do not depend on it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -235,16 +236,25 @@ def ensure_tables(
             # another one created the table first, there is nothing left to do.
             if table_exists(spark, path):
                 found = spark.read.format("delta").load(path).schema
-            elif files.holds_files(spark, f"{path}/_delta_log"):
+            elif _holds_commits(spark, path):
                 raise
             else:
-                # A creation killed before its first commit leaves an empty _delta_log, which Delta
-                # then takes for a table that is not there: it never held anything.
+                # A creation killed before its first commit leaves a _delta_log without one (empty, or
+                # holding the commit's half-written temporary file), which Delta then takes for a table
+                # that is not there: it never held anything.
                 files.delete(spark, f"{path}/_delta_log", recursive=True)
                 found = builder.execute().toDF().schema
         check_schema(name, path, schema, found)
     if change_feed:
         _enable_change_feed(spark, lakehouse.table(GOLD))
+
+
+# A commit or a checkpoint of a Delta log: the files that make a table (a temporary file does not).
+LOG_ENTRY = re.compile(r"^\d{20}\.(json|checkpoint.*\.parquet)$|^_last_checkpoint$")
+
+
+def _holds_commits(spark: SparkSession, path: str) -> bool:
+    return any(LOG_ENTRY.match(name) for name in files.list_names(spark, f"{path}/_delta_log"))
 
 
 # The egress streams read gold's changes; each MERGE then also writes what it changed.
