@@ -205,7 +205,7 @@ def test_a_holder_not_renewed_for_three_quarters_of_its_lease_may_write_nothing(
     lease.check_held(lakehouse, "gold")
 
     time.sleep(1.6)  # more than 2 s less a quarter, measured on this process's monotonic clock
-    with pytest.raises(lease.LeaseLost, match=r"gold: this process last renewed lease .* \(pipeline.lease_ttl 2 s"):
+    with pytest.raises(lease.LeaseLost, match=r"gold: this process lost lease .* \(pipeline.lease_ttl 2 s"):
         lease.check_held(lakehouse, "gold")
     assert not held.renew()  # too late to renew: another process may already have taken the stream
     held.release()

@@ -267,9 +267,9 @@ class Refusal(Enum):
         happened="the process stood still (a long GC pause, SIGSTOP, a frozen VM, a storage stall) or could not "
         "renew its lease for longer than the lease's time to live less its margin; meanwhile another process may "
         "have taken the stream over or reset it",
-        found="this process last renewed lease {path} {age} s ago, later than the {limit} s it may write for "
-        "(pipeline.lease_ttl {ttl} s less a quarter): it stops the stream and writes nothing more to its tables, "
-        "checkpoint or sink.",
+        found="this process lost lease {path}: it last renewed it {age} s ago, and may write only for {limit} s "
+        "after a renewal (pipeline.lease_ttl {ttl} s less a quarter) while no other process took it. It stops the "
+        "stream and writes nothing more to its tables, checkpoint or sink.",
         way_out="nothing to undo: the batch it was writing is replayed by whichever process holds the stream "
         "now. If none does, start it again (`run --layer {stream_name}`); if pauses this long are expected, raise "
         "`pipeline.lease_ttl`.",
