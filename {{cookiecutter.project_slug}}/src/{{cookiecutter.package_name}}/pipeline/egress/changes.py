@@ -101,9 +101,9 @@ def _missing_change_file(spark: SparkSession, gold: str, version: int) -> str | 
         for kind in ("add", "remove")
         if kind in action and action[kind].get("dataChange", True)
     ]
-    for path in paths:
-        if not files.exists(spark, f"{gold}/{unquote(path)}"):
-            return unquote(path)
+    for relative in map(unquote, paths):  # the log holds them URL-encoded
+        if not files.exists(spark, f"{gold}/{relative}"):
+            return relative
     return None
 
 
