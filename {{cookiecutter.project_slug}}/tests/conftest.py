@@ -9,6 +9,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools.s3_local import LocalS3
+from {{ cookiecutter.package_name }}.pipeline import s3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
@@ -38,10 +40,44 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def spark():
-    session = build_spark("tests", master="local[2]", shuffle_partitions=2, ui_enabled=False)
+    # With S3A and the conditional-write log store, so that tests/test_s3.py reads and writes the S3
+    # server's tables in this session too (it points s3a:// at that server once it runs: s3_spark).
+    session = build_spark(
+        "tests",
+        master="local[2]",
+        shuffle_partitions=2,
+        ui_enabled=False,
+        extra_packages=[s3.hadoop_aws_package()],
+        extra_conf=s3.log_store_conf(),
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (SeaweedFS) for the whole test session, with its bucket `lakehouse`."""
+    server = LocalS3(tmp_path_factory.mktemp("s3"))
+    server.start()
+    yield server
+    server.stop(timeout=1)
+
+
+@pytest.fixture(scope="session")
+def s3_spark(spark, s3_server):
+    """The session's Spark with every s3a:// path on the test S3 server (the test's own credentials)."""
+    access_key, secret_key = s3.read_credentials_file(s3_server.credentials_file)
+    hadoop = spark._jsc.hadoopConfiguration()
+    for key, value in {
+        "fs.s3a.endpoint": s3_server.endpoint,
+        "fs.s3a.endpoint.region": "us-east-1",
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.access.key": access_key,
+        "fs.s3a.secret.key": secret_key,
+    }.items():
+        hadoop.set(key, value)
+    return spark
 
 
 @pytest.fixture(scope="session")

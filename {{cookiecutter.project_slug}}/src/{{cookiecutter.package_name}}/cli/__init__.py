@@ -6,7 +6,7 @@ One module per command group, its parser and its handlers together:
 * ``audit.py``: `audit`;
 * ``checkpoints.py``: `checkpoints list`, `checkpoints reset`;
 * ``local_servers.py``: `kafka-local` (and ``postgres_local.py``: `postgres-local`, with a PostgreSQL
-  egress), and the one resolver of "local" development servers;
+  egress), and the one resolver of "local" development servers; ``s3_local.py``: `s3-local`;
 * ``dev.py``: `produce-sample`, `chaos`, `bench`, `setup`.
 
 ``connect.py`` is what a command does before its work (servers resolved, Kafka reached, egress sinks
@@ -24,10 +24,10 @@ from ..pipeline.config import ConfigError, load_config
 from ..pipeline.delta.tables import TableSchemaError
 from ..pipeline.egress import configure
 from ..pipeline.recovery.checkpoints import CheckpointError
-from . import audit, checkpoints, dev, local_servers, streams
+from . import audit, checkpoints, dev, local_servers, s3_local, streams
 from .exit_codes import ExitCode
 
-GROUPS = (streams, audit, checkpoints, local_servers, dev)
+GROUPS = (streams, audit, checkpoints, local_servers, s3_local, dev)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ Every check here runs before Spark starts, so a bad setting fails in seconds wit
 from __future__ import annotations
 
 from ..pipeline.config import Config, ConfigError
-from .local_servers import resolve, uses_local_broker
+from .local_servers import resolve, resolve_local_s3, uses_local_broker
 
 
 def connect(config: Config, egress: bool = False, asked: str | None = None, provision: bool = False) -> Config:
@@ -47,14 +47,24 @@ def check_egress(config: Config, asked: str | None = None, provision: bool = Fal
 
 
 def spark_session(config: Config, app: str):
-    """The Spark session of a command, quiet: Spark's own INFO lines would bury the command's output."""
+    """The Spark session of a command, quiet: Spark's own INFO lines would bury the command's output.
+
+    A lakehouse on S3 is probed first (a wrong endpoint, bucket or credential exits 2 naming it) and
+    brings its connector and log store (``pipeline/s3.py``).
+    """
+    from ..pipeline import s3
     from ..pipeline.spark import build_spark
 
+    config = resolve_local_s3(config)
+    s3.prepare(config)
+    packages, conf = s3.session_options(config)
     spark = build_spark(
         app_name=app,
         master=config.spark_master,
         shuffle_partitions=config.shuffle_partitions,
         ui_enabled=config.spark_ui_enabled,
+        extra_conf=conf,
+        extra_packages=packages,
     )
     spark.sparkContext.setLogLevel("WARN")
     return spark

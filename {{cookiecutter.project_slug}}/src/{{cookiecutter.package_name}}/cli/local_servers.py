@@ -16,7 +16,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..pipeline.config import LOCAL_BOOTSTRAP, Config, ConfigError
+from ..pipeline.config import LOCAL_BOOTSTRAP, LOCAL_ENDPOINT, Config, ConfigError
 from .exit_codes import ExitCode
 
 # The PostgreSQL development server's part of the command line: a bake without the PostgreSQL egress
@@ -39,7 +39,7 @@ def resolve(config: Config, egress: bool = True) -> Config:
 
         resolve(configure(load_config("local"))).kafka.bootstrap_servers  # "127.0.0.1:39092"
     """
-    config = resolve_local_bootstrap(config)
+    config = resolve_local_s3(resolve_local_bootstrap(config))
     postgres = _postgres_local() if egress else None
     return config if postgres is None else postgres.resolve_local_postgres(config)
 
@@ -57,6 +57,30 @@ def resolve_local_bootstrap(config: Config) -> Config:
             "start one with `kafka-local start` or set KAFKA_BOOTSTRAP_SERVERS"
         )
     return config.model_copy(update={"kafka": config.kafka.model_copy(update={"bootstrap_servers": bootstrap})})
+
+
+def resolve_local_s3(config: Config) -> Config:
+    """The config with s3.endpoint "local" replaced by the running `s3-local` server (and its credentials file).
+
+    Only for a lakehouse root on S3; raises ConfigError naming s3.endpoint when no such server runs.
+    """
+    from ..pipeline.s3 import is_s3
+
+    if config.s3.endpoint != LOCAL_ENDPOINT or not is_s3(config.lakehouse_root):
+        return config
+    from ..devtools.s3_local import LocalS3
+
+    server = LocalS3(config.s3_local_home)
+    endpoint = server.endpoint
+    if endpoint is None:
+        raise ConfigError(
+            f"s3.endpoint: is 'local' but no local S3 server runs in {config.s3_local_home}; "
+            "start one with `s3-local start` or set S3_ENDPOINT"
+        )
+    s3 = config.s3.model_copy(
+        update={"endpoint": endpoint, "path_style_access": True, "credentials_file": str(server.credentials_file)}
+    )
+    return config.model_copy(update={"s3": s3})
 
 
 def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:

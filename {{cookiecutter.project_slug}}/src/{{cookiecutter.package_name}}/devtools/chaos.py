@@ -290,6 +290,7 @@ def run_chaos(
 
     ``config`` points at the broker and at a lakehouse of this run only.
     """
+    from ..pipeline import s3
     from ..pipeline.config import duration_seconds
     from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
     from ..pipeline.egress import settings_of
@@ -350,7 +351,11 @@ def run_chaos(
     if drained.returncode != 0:
         raise RuntimeError(f"the final drain failed:\n{drained.stderr[-5000:]}")
 
-    spark = build_spark("chaos-verify", config.spark_master, config.shuffle_partitions)
+    s3.prepare(config)
+    packages, conf = s3.session_options(config)
+    spark = build_spark(
+        "chaos-verify", config.spark_master, config.shuffle_partitions, extra_conf=conf, extra_packages=packages
+    )
 
     def rows(name: str, *columns: str) -> list[tuple]:
         table = spark.read.format("delta").load(lakehouse.table(name))

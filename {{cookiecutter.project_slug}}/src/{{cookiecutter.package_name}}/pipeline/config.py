@@ -1,10 +1,11 @@
 """Pipeline configuration: one TOML file per environment plus environment overrides, typed by pydantic.
 
 Each table of the file is a settings model (a ``Section``): ``kafka``, ``kafka_local``, ``lakehouse``,
-``spark``, ``pipeline``. Two settings sources feed it, the file's table and the environment, where
-``<env_prefix><KEY>`` overrides a key (``KAFKA_BOOTSTRAP_SERVERS`` overrides ``kafka.bootstrap_servers``;
-a list is comma-separated). Every key is checked at start-up; a bad value stops the program with a
-``ConfigError`` that names the key (and the variable, when one set it), before Spark or Kafka are touched.
+``s3``, ``s3_local``, ``spark``, ``pipeline``, ``metrics``. Two settings sources feed it, the file's
+table and the environment, where ``<env_prefix><KEY>`` overrides a key (``KAFKA_BOOTSTRAP_SERVERS``
+overrides ``kafka.bootstrap_servers``; a list is comma-separated). Every key is checked at start-up; a
+bad value stops the program with a ``ConfigError`` that names the key (and the variable, when one set
+it), before Spark or Kafka are touched.
 
 Secrets (the SASL password, a client key's password) come from the environment or from files the
 config names, never from the config itself (a secret written there is refused); they are ``SecretStr``
@@ -44,6 +45,8 @@ ENV_VAR = "PIPELINE_ENV"
 CONFIG_FILE_VAR = "PIPELINE_CONFIG"
 DEFAULT_ENV = "local"
 LOCAL_BOOTSTRAP = "local"
+# s3.endpoint naming the server of `s3-local start`.
+LOCAL_ENDPOINT = "local"
 # conf/ sits at the top of the package, where a team looks for it.
 CONF_PACKAGE = __package__.rpartition(".")[0]
 # Tables named so are an egress's (see pipeline/egress/): kept as written, parsed by that egress.
@@ -396,6 +399,41 @@ class LakehouseSection(Section):
     root: Text
 
 
+class S3Section(Section):
+    """``[s3]``: how to reach a lakehouse root on S3 (``s3a://bucket/prefix``); unused for any other root.
+
+    The credentials never sit in the config: AWS's default chain finds them (the variables
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance or pod role), or ``credentials_file``
+    names a file in AWS's shared-credentials format whose ``[default]`` profile holds them.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="S3_")
+
+    # Empty: AWS itself, in ``region``. "local": the server of `s3-local start`. Otherwise the URL
+    # of an S3-compatible store, which must honour conditional writes (If-None-Match).
+    endpoint: str = ""
+    region: Text = "us-east-1"
+    # Most S3-compatible stores want https://host/bucket/key rather than https://bucket.host/key.
+    path_style_access: bool = False
+    credentials_file: str = ""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_a_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and value != LOCAL_ENDPOINT and not re.fullmatch(r"https?://[^/\s]+/?", value):
+            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL, 'local' or empty (AWS)")
+        return value.rstrip("/")
+
+
+class S3LocalSection(Section):
+    """``[s3_local]``: where `s3-local start` keeps the development S3 server (optional)."""
+
+    model_config = SettingsConfigDict(env_prefix="S3_LOCAL_")
+
+    home: Text = ".s3-local"
+
+
 class SparkSection(Section):
     """``[spark]``: the master the pipeline's own session uses, and its shuffle width."""
 
@@ -436,6 +474,8 @@ class Settings(Section):
     kafka: KafkaConfig
     kafka_local: KafkaLocalSection = KafkaLocalSection()
     lakehouse: LakehouseSection
+    s3: S3Section = S3Section()
+    s3_local: S3LocalSection = S3LocalSection()
     spark: SparkSection
     pipeline: PipelineSection
     metrics: MetricsSection = MetricsSection()
@@ -454,6 +494,8 @@ class Config(BaseModel):
     kafka: KafkaConfig
     kafka_local_home: Path
     lakehouse_root: str
+    s3: S3Section = S3Section()
+    s3_local_home: Path = Path(".s3-local")
     spark_master: str
     shuffle_partitions: int
     spark_ui_enabled: bool
@@ -491,7 +533,9 @@ def load_config(
         env=env,
         kafka=settings.kafka,
         kafka_local_home=Path(settings.kafka_local.home).expanduser(),
-        lakehouse_root=_absolute_root(settings.lakehouse.root),
+        lakehouse_root=_lakehouse_root(settings.lakehouse.root),
+        s3=settings.s3,
+        s3_local_home=Path(settings.s3_local.home).expanduser(),
         spark_master=settings.spark.master,
         shuffle_partitions=settings.spark.shuffle_partitions,
         spark_ui_enabled=settings.spark.ui_enabled,
@@ -731,8 +775,14 @@ def _pem_file(location: str, key: str, kind: str) -> str:
     return str(path)
 
 
-def _absolute_root(root: str) -> str:
+def _lakehouse_root(root: str) -> str:
     # URIs pass through; a plain path is made absolute: tables must not move with the working directory.
-    if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", root):
-        return root.rstrip("/")
-    return str(Path(root).expanduser().resolve())
+    scheme = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*):", root)
+    if scheme is None:
+        return str(Path(root).expanduser().resolve())
+    if scheme.group(1).lower() in {"s3", "s3n"}:
+        # Only Hadoop's S3A connector is configured (and its conditional writes keep commits safe).
+        raise ConfigError(f"lakehouse.root: {root!r}: write s3a://{root.partition('://')[2]} (Hadoop's S3A connector)")
+    if scheme.group(1).lower() == "s3a" and not re.fullmatch(r"s3a://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", root):
+        raise ConfigError(f"lakehouse.root: {root!r} is not s3a://<bucket>/<prefix> with a valid bucket name")
+    return root.rstrip("/")

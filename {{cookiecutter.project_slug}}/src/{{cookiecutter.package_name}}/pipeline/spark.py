@@ -1,4 +1,4 @@
-"""The one place a SparkSession is built: Delta Lake plus the Kafka connector."""
+"""The one place a SparkSession is built: Delta Lake plus the Kafka connector (and S3A for a lakehouse on S3)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,16 @@ def build_spark(
     shuffle_partitions: int = 4,
     ui_enabled: bool = False,
     extra_conf: dict[str, str] | None = None,
+    extra_packages: list[str] | None = None,
 ) -> SparkSession:
+    """The session (or the one already running in this process), with ``extra_conf`` and ``extra_packages``.
+
+    A lakehouse on S3 needs both: see ``pipeline.s3.session_options``.
+
+    Example::
+
+        spark = build_spark("tests", master="local[2]", shuffle_partitions=2)
+    """
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
@@ -46,4 +55,5 @@ def build_spark(
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     # configure_spark_with_delta_pip overwrites spark.jars.packages: never set it above.
-    return configure_spark_with_delta_pip(builder, extra_packages=[KAFKA_CONNECTOR]).getOrCreate()
+    packages = [KAFKA_CONNECTOR, *(extra_packages or [])]
+    return configure_spark_with_delta_pip(builder, extra_packages=packages).getOrCreate()

@@ -4,7 +4,13 @@ through Hadoop's filesystem, so a lakehouse on an object store works the same as
 
 from __future__ import annotations
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
+
+# S3A's createFile option (HADOOP-19256, Hadoop 3.4.2+) that makes an upload a put-if-absent.
+CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
+# What Hadoop raises when the file was there: from create on a filesystem, from close on S3 (412).
+_EXISTS = ("FileAlreadyExistsException", "RemoteFileChangedException")
 
 
 def filesystem(spark: SparkSession, path: str):
@@ -35,6 +41,44 @@ def write_text(spark: SparkSession, path: str, text: str, overwrite: bool = Fals
         stream.close()
 
 
+def create_new(spark: SparkSession, path: str, text: str) -> bool:
+    """Create the file holding ``text`` only if there is none: True when this call created it.
+
+    Of two processes creating one path at once, exactly one gets True, on a local disk, HDFS and S3.
+    On S3 the upload itself is conditional (``If-None-Match: *``, S3A's conditional create, checked when
+    the stream closes): a check before an upload would let both through. An upload whose answer is
+    lost and retried reads as False, the safe side: the caller then finds the file and its owner.
+
+    Example::
+
+        if not create_new(spark, f"{directory}/0000000004", record):
+            ...  # another process took generation 4 first
+    """
+    fs, jvm_path = filesystem(spark, path)
+    try:
+        if fs.getScheme() == "s3a":
+            builder = fs.createFile(jvm_path).create().overwrite(False).must(CONDITIONAL_CREATE, True)
+            stream = builder.build()
+        else:
+            stream = fs.create(jvm_path, False)
+    except Py4JJavaError as error:
+        if _already_exists(error):
+            return False
+        raise
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    except BaseException:
+        stream.abort()  # nothing reaches the store before close: abort, never upload half a file
+        raise
+    try:
+        stream.close()
+    except Py4JJavaError as error:
+        if _already_exists(error):
+            return False
+        raise
+    return True
+
+
 def list_names(spark: SparkSession, path: str) -> list[str]:
     """Names in the directory ``path`` ([] when there is none)."""
     fs, jvm_path = filesystem(spark, path)
@@ -59,3 +103,12 @@ def delete(spark: SparkSession, path: str, recursive: bool = False) -> None:
     """Delete the file, or the directory with ``recursive``; nothing there is not an error."""
     fs, jvm_path = filesystem(spark, path)
     fs.delete(jvm_path, recursive)
+
+
+def _already_exists(error: Py4JJavaError) -> bool:
+    cause = error.java_exception
+    while cause is not None:
+        if cause.getClass().getSimpleName() in _EXISTS:
+            return True
+        cause = cause.getCause()
+    return False

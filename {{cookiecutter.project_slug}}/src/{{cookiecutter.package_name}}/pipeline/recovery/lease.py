@@ -34,14 +34,14 @@ deletes the directory) never drops a live lease.
 
 Limits, said plainly. The lease is advisory: only this pipeline's code reads it, so an
 operator's own ``RESTORE``, ``DELETE`` or a hand-run job is not excluded. The exclusive create is
-atomic on a local disk and on HDFS; on object stores without conditional writes (S3A, ABFS and
-GCS by default) Hadoop checks existence and then writes, so two processes taking the same
-generation at the same moment can both believe they won. Each reads the lease back after
-writing it and at every renewal; the loser stops its stream at once, so such an overlap lasts
-at most one renewal interval, and within it both tag their Delta commits with the same stream
-id, so Delta rejects the second commit of a batch. Host names must be unique among the machines
-that run the pipeline, and their clocks must agree to well within the margin (15 s at the
-default ``ttl_s``), since a contender judges expiry on the renewal time the holder wrote.
+atomic on a local disk, on HDFS and on S3, where it is a conditional upload (``If-None-Match``,
+``files.create_new``); a renewal overwrites the holder's own generation, which no rival writes, so
+it needs no condition. On another object store without conditional writes, Hadoop checks and
+then writes, and two processes taking the same generation at the same moment can both believe
+they won; each reads the lease back after writing it and at every renewal, and the loser stops.
+Host names must be unique among the machines that run the pipeline, and their clocks must agree
+to well within the margin (15 s at the default ``ttl_s``), since a contender judges expiry on the
+renewal time the holder wrote.
 """
 
 from __future__ import annotations
@@ -484,15 +484,9 @@ def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
 
 
 def _write(spark: SparkSession, path: str, record: LeaseRecord, overwrite: bool) -> bool:
-    fs, jvm_path = files.filesystem(spark, path)
-    try:
-        stream = fs.create(jvm_path, overwrite)
-    except Exception as error:
-        if "FileAlreadyExistsException" in str(error):
-            return False
-        raise
-    try:
-        stream.write(bytearray(json.dumps(asdict(record)).encode("utf-8")))
-    finally:
-        stream.close()
-    return True
+    """Renew (``overwrite``: only the holder writes its own generation) or create a new generation."""
+    text = json.dumps(asdict(record))
+    if overwrite:
+        files.write_text(spark, path, text, overwrite=True)
+        return True
+    return files.create_new(spark, path, text)

@@ -1,0 +1,155 @@
+"""The lakehouse on S3: a real S3-compatible server (SeaweedFS), Spark's S3A connector and Delta.
+
+Every command runs in a child process, as an operator runs it, configured only by the environment
+(``LAKEHOUSE_ROOT=s3a://...``, ``S3_ENDPOINT=local``); this process reads the result with its own Spark
+session pointed at the same server (``s3_spark``) and judges it against Kafka (``kafka_oracle``).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from {{ cookiecutter.package_name }}.devtools.kafka_local import pick_ports
+from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file
+
+# One worker runs this file (make test uses two), beside the session's S3 server.
+pytestmark = pytest.mark.xdist_group("s3")
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def s3_lakehouse(s3_server, pipeline_env, monkeypatch) -> str:
+    """The test's lakehouse under its own prefix of the S3 server's bucket, in the environment."""
+    root = f"s3a://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("LAKEHOUSE_ROOT", root)
+    monkeypatch.setenv("S3_ENDPOINT", "local")
+    monkeypatch.setenv("S3_LOCAL_HOME", str(s3_server.home))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return root
+
+
+@pytest.mark.slow
+def test_the_pipeline_on_s3_holds_each_committed_record_once(s3_lakehouse, s3_spark, pipeline_env, kafka_oracle):
+    for seed in ("1", "2"):
+        produced = cli("produce-sample", "--count", "150", "--malformed-ratio", "0.1", "--seed", seed)
+        assert produced.returncode == 0, produced.stderr[-3000:]
+        ran = cli("run", "--layer", "all", "--available-now")
+        assert ran.returncode == 0, ran.stderr[-5000:]
+
+    lakehouse = Lakehouse(s3_lakehouse)
+    committed = kafka_oracle(pipeline_env, list(pipeline_env.kafka.topics))
+    coordinates = "topic", "partition", "offset"
+
+    def keys(table: str) -> list[tuple]:
+        rows = s3_spark.read.format("delta").load(lakehouse.table(table)).select(*coordinates).collect()
+        return [tuple(row) for row in rows]
+
+    bronze, silver, quarantine = keys(BRONZE), keys(SILVER), keys(QUARANTINE)
+    assert len(committed) == 300
+    assert sorted(bronze) == sorted(committed)
+    assert sorted(silver + quarantine) == sorted(committed)
+    gold = s3_spark.read.format("delta").load(lakehouse.table(GOLD)).agg({"event_count": "sum"}).first()[0]
+    assert gold == len(silver)
+    audited = cli("audit")
+    assert audited.returncode == 0 and "audit verdict: clean" in audited.stdout, audited.stdout + audited.stderr
+
+
+@pytest.mark.parametrize("wrong", ["secret", "bucket", "endpoint", "server"])
+def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(s3_lakehouse, s3_server, tmp_path, wrong):
+    secret = "not-the-secret-" + uuid.uuid4().hex
+    if wrong == "secret":
+        bad = tmp_path / "credentials"
+        access_key, _ = read_credentials_file(s3_server.credentials_file)
+        bad.write_text(f"[default]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret}\n")
+        setting = {"S3_ENDPOINT": s3_server.endpoint, "S3_PATH_STYLE_ACCESS": "true", "S3_CREDENTIALS_FILE": str(bad)}
+        named = "s3.credentials_file: the credentials in"
+    elif wrong == "bucket":
+        setting = {"LAKEHOUSE_ROOT": "s3a://no-such-bucket/lake"}
+        named = "lakehouse.root: bucket 'no-such-bucket' does not exist"
+    elif wrong == "endpoint":
+        setting = {"S3_ENDPOINT": f"http://127.0.0.1:{pick_ports([None])[0]}", "S3_PATH_STYLE_ACCESS": "true"}
+        named = "s3.endpoint: http://127.0.0.1:"
+    else:
+        setting = {"S3_LOCAL_HOME": str(tmp_path / "no-server")}
+        named = "s3.endpoint: is 'local' but no local S3 server runs"
+    result = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "checkpoints", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **setting},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert named in result.stderr
+    assert secret not in result.stdout + result.stderr
+
+
+# Each writer is a driver of its own (its own JVM and Delta log store), set up as `run` sets up its
+# session, and commits blind appends to one table as fast as it can once both are ready.
+RACER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from {{ cookiecutter.package_name }}.cli.connect import spark_session
+    from {{ cookiecutter.package_name }}.pipeline.config import load_config
+
+    writer, table, commits, ready, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])
+    spark = spark_session(load_config("local"), "racer-" + writer)
+    row = spark.createDataFrame([(writer, -1)], "writer string, commit int")
+    ready.touch()
+    while not go.exists():
+        time.sleep(0.01)
+    for commit in range(commits):
+        row.selectExpr("writer", f"{commit} AS commit").write.format("delta").mode("append").save(table)
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_drivers_racing_commits_to_one_table_lose_none(s3_lakehouse, s3_spark, tmp_path):
+    table, commits = f"{s3_lakehouse}/raced", 15
+    s3_spark.createDataFrame([("seed", 0)], "writer string, commit int").write.format("delta").save(table)
+    go = tmp_path / "go"
+    racers = {
+        writer: subprocess.Popen(
+            [sys.executable, "-c", RACER, writer, table, str(commits), str(tmp_path / writer), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for writer in ("a", "b")
+    }
+    for writer, racer in racers.items():
+        while not (tmp_path / writer).exists():
+            assert racer.poll() is None, racer.stdout.read()[-5000:]
+            time.sleep(0.2)
+    go.touch()
+    for racer in racers.values():
+        output = racer.communicate(timeout=600)[0]
+        assert racer.returncode == 0, output[-5000:]
+
+    rows = sorted(tuple(row) for row in s3_spark.read.format("delta").load(table).collect())
+    expected = sorted([("seed", 0)] + [(writer, commit) for writer in ("a", "b") for commit in range(commits)])
+    assert rows == expected
+    # A commit whose version is not the one after the version it read lost a race and was retried:
+    # the writers did collide, and no commit disappeared when they did.
+    history = s3_spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "readVersion").collect()
+    assert len(history) == 2 * commits + 1
+    retried = [entry for entry in history if entry.version > 0 and entry.version != entry.readVersion + 1]
+    assert retried, "the two writers never collided: the race proved nothing"
