@@ -31,6 +31,7 @@ SASL_MECHANISMS = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 SASL_PROTOCOLS = {"SASL_SSL"}
 # A tuple, not a set: the error message lists the options in the order the prompt offers them.
 EGRESS_CHOICES = ("both", "kafka", "postgres", "none")
+STORAGE_CHOICES = ("local", "s3")
 
 
 def check_project_name(name: str) -> list[str]:
@@ -150,6 +151,13 @@ def check_egress(egress: str) -> list[str]:
     return []
 
 
+def check_storage(storage: str) -> list[str]:
+    # --no-input and extra_context bypass the choice list; local.toml and the Makefile branch on it.
+    if storage not in STORAGE_CHOICES:
+        return [f"storage: {storage!r} is not one of {', '.join(STORAGE_CHOICES)}"]
+    return []
+
+
 def validate(answers: dict) -> list[str]:
     return [
         *check_project_name(answers["project_name"]),
@@ -159,6 +167,7 @@ def validate(answers: dict) -> list[str]:
         *check_window(answers["gold_window_duration"]),
         *check_security(answers["kafka_security_protocol"], answers["kafka_sasl_mechanism"]),
         *check_egress(answers["egress"]),
+        *check_storage(answers["storage"]),
     ]
 
 

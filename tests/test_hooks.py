@@ -14,10 +14,12 @@ VALID = {
     "kafka_security_protocol": "PLAINTEXT",
     "kafka_sasl_mechanism": "none",
     "egress": "both",
+    "storage": "local",
     "include_docker_compose": "yes",
     "include_github_actions": "yes",
 }
 EGRESS_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["egress"]
+STORAGE_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["storage"]
 
 
 def test_default_answers_are_valid(pre_gen):
@@ -105,20 +107,31 @@ def test_post_gen_keeps_optional_files_when_asked(post_gen, tmp_path):
     assert (tmp_path / ".github").exists()
 
 
-@pytest.mark.parametrize("egress", EGRESS_CHOICES)
-def test_every_egress_choice_is_accepted(pre_gen, egress):
-    assert pre_gen.check_egress(egress) == []
-    assert pre_gen.validate({**VALID, "egress": egress}) == []
+# The choice answers the hook re-checks (post_gen_project.py and the Makefile branch on them):
+# answer name -> its options in cookiecutter.json, in the order the prompt offers them.
+CHECKED_CHOICES = {"egress": EGRESS_CHOICES, "storage": STORAGE_CHOICES}
+
+
+@pytest.mark.parametrize(("answer", "value"), [(a, v) for a, options in CHECKED_CHOICES.items() for v in options])
+def test_every_option_of_a_checked_choice_is_accepted(pre_gen, answer, value):
+    assert getattr(pre_gen, f"check_{answer}")(value) == []
+    assert pre_gen.validate({**VALID, answer: value}) == []
 
 
 # --no-input and extra_context hand the hook any string, not one of the choices.
-@pytest.mark.parametrize("egress", ["", "Kafka", "kafka,postgres", "both ", "postgresql"])
-def test_an_egress_outside_the_choices_is_refused_listing_them(pre_gen, egress):
-    assert pre_gen.check_egress(egress) == [f"egress: {egress!r} is not one of both, kafka, postgres, none"]
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [("egress", value) for value in ("", "Kafka", "kafka,postgres", "both ", "postgresql")]
+    + [("storage", value) for value in ("", "S3", "s3a", "local ", "minio")],
+)
+def test_a_checked_choice_outside_its_options_is_refused_listing_them(pre_gen, answer, value):
+    listed = ", ".join(CHECKED_CHOICES[answer])
+    assert getattr(pre_gen, f"check_{answer}")(value) == [f"{answer}: {value!r} is not one of {listed}"]
 
 
-def test_the_hook_offers_the_egress_choices_of_cookiecutter_json_in_their_order(pre_gen):
-    assert list(pre_gen.EGRESS_CHOICES) == EGRESS_CHOICES
+@pytest.mark.parametrize("answer", CHECKED_CHOICES)
+def test_the_hook_offers_the_choices_of_cookiecutter_json_in_their_order(pre_gen, answer):
+    assert list(getattr(pre_gen, f"{answer.upper()}_CHOICES")) == CHECKED_CHOICES[answer]
 
 
 PKG = "src/clickstream_lakehouse"

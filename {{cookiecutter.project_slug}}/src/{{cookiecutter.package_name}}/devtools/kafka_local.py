@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from . import kafka_secure
+from .server_state import StateFile, cmdline_has, log_tail_since, tail, wait_until_gone
 
 KAFKA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
@@ -67,10 +67,6 @@ def _java() -> str:
     if java is None:
         raise RuntimeError("java not found: install a JDK (17+) or set JAVA_HOME")
     return java
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _ivy_jar() -> Path:
@@ -124,7 +120,7 @@ def resolve_broker_jars(cache_dir: Path | None = None) -> list[Path]:
     jars = sorted(libs.glob("*.jar")) if libs.is_dir() else []
     if result.returncode != 0 or not (libs / f"kafka_{SCALA_BINARY_VERSION}-{KAFKA_VERSION}.jar").exists():
         raise RuntimeError(
-            f"Ivy could not resolve Kafka {KAFKA_VERSION} (exit {result.returncode}):\n{_tail(result.stdout)}"
+            f"Ivy could not resolve Kafka {KAFKA_VERSION} (exit {result.returncode}):\n{tail(result.stdout)}"
         )
     marker.write_text("\n".join(jar.name for jar in jars) + "\n")
     return jars
@@ -172,6 +168,7 @@ class LocalKafka:
         self.data_dir = self.home / "data"
         self.log_path = self.home / "logs" / "broker.log"
         self.state_path = self.home / "broker.json"
+        self._state_file = StateFile(self.state_path)
         self.secure = kafka_secure.secure_files(self.home / "secure")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -181,7 +178,7 @@ class LocalKafka:
         return status["bootstrap"] if status else None
 
     def status(self) -> dict | None:
-        state = self._read_state()
+        state = self._state_file.read()
         pid = state.get("pid")
         if not pid or not self._is_our_broker(pid):
             return None
@@ -216,7 +213,7 @@ class LocalKafka:
                 raise RuntimeError(f"the broker in {self.home} runs without --secure; stop it first")
             return running["bootstrap"]
         jars = resolve_broker_jars()
-        state = self._read_state()
+        state = self._state_file.read()
         previous = [state.get("port"), state.get("controller_port")]
         if secure:
             previous += [state.get("sasl_ssl_port"), state.get("mtls_port")]
@@ -250,7 +247,7 @@ class LocalKafka:
                 start_new_session=True,
             )
         ports = dict(zip(("sasl_ssl_port", "mtls_port"), secure_ports, strict=False))  # empty unless secure
-        self._write_state(
+        self._state_file.write(
             pid=proc.pid,
             port=port,
             controller_port=controller_port,
@@ -272,18 +269,18 @@ class LocalKafka:
         return bootstrap
 
     def stop(self, timeout: float = 30.0) -> bool:
-        state = self._read_state()
+        state = self._state_file.read()
         pid = state.pop("pid", None)
         was_running = bool(pid) and self._is_our_broker(pid)
         if was_running:
             # The broker may exit on its own between the check and the signal.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-                if not self._wait_gone(pid, timeout):
+                if not wait_until_gone(self._is_our_broker, pid, timeout):
                     os.kill(pid, signal.SIGKILL)
-                    self._wait_gone(pid, 10.0)
+                    wait_until_gone(self._is_our_broker, pid, 10.0)
         if self.state_path.exists():
-            self._write_state(**state)
+            self._state_file.write(**state)
         self._proc = None
         return was_running
 
@@ -333,7 +330,7 @@ class LocalKafka:
         with open(self.log_path, "a") as log:
             log.write(result.stdout)
         if result.returncode != 0:
-            raise RuntimeError(f"formatting {self.data_dir} failed:\n{_tail(result.stdout)}")
+            raise RuntimeError(f"formatting {self.data_dir} failed:\n{tail(result.stdout)}")
 
     def _cluster_id(self) -> str | None:
         lines = (self.data_dir / "meta.properties").read_text().splitlines()
@@ -352,50 +349,19 @@ class LocalKafka:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"Kafka at {bootstrap} not ready in time:\n{self._log_since(log_offset)}")
+                raise RuntimeError(
+                    f"Kafka at {bootstrap} not ready in time:\n{log_tail_since(self.log_path, log_offset)}"
+                )
         self.stop()
-        raise RuntimeError(f"Kafka exited with code {proc.returncode} while starting:\n{self._log_since(log_offset)}")
-
-    def _log_since(self, offset: int) -> str:
-        with open(self.log_path, "rb") as log:
-            log.seek(offset)
-            return _tail(log.read().decode(errors="replace"))
+        raise RuntimeError(
+            f"Kafka exited with code {proc.returncode} while starting:\n{log_tail_since(self.log_path, log_offset)}"
+        )
 
     def _is_our_broker(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None  # also reaps our own exited child
-        if Path("/proc/self/cmdline").exists():
-            # The pid may have been reused by another process since broker.json was written.
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                return False
-            return b"kafka.Kafka" in args and str(self.config_path).encode() in args
-        try:  # without /proc, a live pid is the best evidence there is
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._is_our_broker(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def _read_state(self) -> dict:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _write_state(self, **state: object) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.state_path)
+        # The pid may have been reused by another process since broker.json was written.
+        return cmdline_has(pid, "kafka.Kafka", self.config_path)
 
 
 def running_bootstrap(home: Path) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 import pwd
 import secrets
@@ -34,6 +33,7 @@ import psycopg
 from psycopg import sql
 
 from .kafka_local import pick_ports
+from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, tail
 
 DATABASE = "lakehouse"
 APP_ROLE = "pipeline"
@@ -44,17 +44,6 @@ SYSTEM_USER = "lakehouse_postgres"
 _MAX_SOCKET_DIR = 107 - len("/.s.PGSQL.65535")
 # pg_ctl runs the server through /bin/sh and quotes -D and -l only with double quotes.
 _SHELL_UNSAFE = set('"$`\\\n')
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _check_timeout(timeout: float) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, not {timeout}")
 
 
 def _bin_dir() -> Path:
@@ -125,6 +114,7 @@ class LocalPostgres:
         self.data_dir = self.home / "data"
         self.log_path = self.home / "postgres.log"
         self.state_path = self.home / "state.json"
+        self._state_file = StateFile(self.state_path)
         self.superuser_password_file = self.home / "postgres.password"
         short = self.home / "run"
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
@@ -180,7 +170,7 @@ class LocalPostgres:
 
             dsn = LocalPostgres(Path(".postgres-local")).start()
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         deadline = time.monotonic() + timeout
         running = self.status()
         if running:
@@ -202,7 +192,7 @@ class LocalPostgres:
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(bin_dir, user, timeout)
 
-        previous = self._read_state().get("port")
+        previous = self._state_file.read().get("port")
         port = pick_ports([previous if isinstance(previous, int) and previous > 0 else None])[0]
         log_offset = self.log_path.stat().st_size
         options = f"-p {port} -h 127.0.0.1 -k {shlex.quote(str(self.socket_dir))}"
@@ -213,10 +203,10 @@ class LocalPostgres:
             if status is not None:  # still booting after pg_ctl gave up: don't leave it behind
                 self.stop()
             raise RuntimeError(
-                f"PostgreSQL did not start (pg_ctl exit {result.returncode}):\n{_tail(result.stdout, 10)}\n"
-                f"{self.log_path}:\n{self._log_since(log_offset)}"
+                f"PostgreSQL did not start (pg_ctl exit {result.returncode}):\n{tail(result.stdout, 10)}\n"
+                f"{self.log_path}:\n{log_tail_since(self.log_path, log_offset)}"
             )
-        self._write_state(pid=status["pid"], port=port, dsn=status["dsn"], socket_dir=str(self.socket_dir))
+        self._state_file.write(pid=status["pid"], port=port, dsn=status["dsn"], socket_dir=str(self.socket_dir))
         try:
             self._wait_answering(port, deadline)
             self._ensure_role_and_database(port)
@@ -232,20 +222,20 @@ class LocalPostgres:
 
             LocalPostgres(Path(".postgres-local")).stop()
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         was_running = self.status() is not None
         if was_running:
             cmd = [_bin_dir() / "pg_ctl", "-D", self.data_dir, "-m", "fast", "-w", "-t", str(max(1, int(timeout)))]
             result = self._run([*cmd, "stop"], _service_user(), timeout + 30)
             # It may have exited on its own between the status check and pg_ctl.
             if result.returncode != 0 and self.status() is not None:
-                raise RuntimeError(f"pg_ctl stop failed (exit {result.returncode}):\n{_tail(result.stdout)}")
+                raise RuntimeError(f"pg_ctl stop failed (exit {result.returncode}):\n{tail(result.stdout)}")
         if self.socket_dir.parent != self.home:  # the fallback under /tmp should not pile up
             with contextlib.suppress(OSError):
                 self.socket_dir.rmdir()
-        state = self._read_state()
+        state = self._state_file.read()
         if state.pop("pid", None) is not None:
-            self._write_state(**state)
+            self._state_file.write(**state)
         return was_running
 
     def _initdb(self, bin_dir: Path, user: pwd.struct_passwd | None, timeout: float) -> None:
@@ -264,7 +254,7 @@ class LocalPostgres:
             log.write(result.stdout)
         if result.returncode != 0:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-            raise RuntimeError(f"initdb of {self.data_dir} failed (exit {result.returncode}):\n{_tail(result.stdout)}")
+            raise RuntimeError(f"initdb of {self.data_dir} failed (exit {result.returncode}):\n{tail(result.stdout)}")
 
     def _ensure_role_and_database(self, port: int) -> None:
         """Create `pipeline` and `lakehouse` if missing; the password file is the truth for the role."""
@@ -319,36 +309,9 @@ class LocalPostgres:
             os.chown(path, user.pw_uid, user.pw_gid)
 
     def _is_our_server(self, pid: int) -> bool:
-        if Path("/proc/self/cmdline").exists():
-            # After a crash or reboot postmaster.pid may name a pid that another process now has.
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                return False
-            return str(self.data_dir).encode() in args
-        try:  # without /proc, a live pid is the best evidence there is
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # alive, but another user's: the service user's when we are root
-            pass
-        return True
-
-    def _log_since(self, offset: int) -> str:
-        with open(self.log_path, "rb") as log:
-            log.seek(offset)
-            return _tail(log.read().decode(errors="replace"))
-
-    def _read_state(self) -> dict:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _write_state(self, **state: object) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.state_path)
+        # After a crash or reboot postmaster.pid may name a pid that another process now has. Without
+        # /proc, another user's live pid counts: the server runs as the service user when we are root.
+        return cmdline_has(pid, self.data_dir, other_user_counts=True)
 
 
 def running_dsn(home: Path) -> str | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..pipeline.s3 import read_credentials_file, s3_request
 from .kafka_local import pick_ports
+from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, wait_until_gone
 
 BUCKET = "lakehouse"
 REGION = "us-east-1"
@@ -58,17 +59,6 @@ PORT_NAMES = (
 # space: often none at all, and each bucket (a collection) needs volumes of its own. Volumes grow on
 # write, so small ones cost nothing.
 VOLUME_SIZE_LIMIT_MB = 256
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _check_timeout(timeout: float) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, not {timeout}")
 
 
 def _weed() -> str:
@@ -115,6 +105,7 @@ class LocalS3:
         self.data_dir = self.home / "data"
         self.log_path = self.home / "weed.log"
         self.state_path = self.home / "state.json"
+        self._state_file = StateFile(self.state_path)
         self.identities_path = self.home / "s3.json"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -169,7 +160,7 @@ class LocalS3:
 
             endpoint = LocalS3(Path(".s3-local")).start()  # "http://127.0.0.1:38333"
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         deadline = time.monotonic() + timeout
         running = self.status()
         if running:
@@ -233,7 +224,7 @@ class LocalS3:
                 start_new_session=True,
             )
         state = {"pid": proc.pid, "endpoint": endpoint, "bucket": BUCKET, **ports}
-        self._write_state(**state)
+        self._state_file.write(**state)
         try:
             self._wait_ready(state, deadline, log_offset)
         except BaseException:
@@ -251,7 +242,7 @@ class LocalS3:
 
             LocalS3(Path(".s3-local")).stop()
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         state = self._read_state()
         pid = state.pop("pid", None)
         was_running = isinstance(pid, int) and self._is_our_server(pid)
@@ -259,13 +250,13 @@ class LocalS3:
             # The whole process group: weed started in a session of its own. It may have exited already.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
-                if not self._wait_gone(pid, timeout):
+                if not wait_until_gone(self._is_our_server, pid, timeout):
                     os.killpg(pid, signal.SIGKILL)
-                    self._wait_gone(pid, 10.0)
+                    wait_until_gone(self._is_our_server, pid, 10.0)
             if not self._is_our_server(pid):  # only now: a later server may have these ports, and names
                 self._remove_sockets(state)
         if self.state_path.exists():
-            self._write_state(**state)
+            self._state_file.write(**state)
         self._proc = None
         return was_running
 
@@ -313,52 +304,24 @@ class LocalS3:
             except (OSError, ValueError) as error:  # refused or half-answered while booting, or a timeout
                 last = str(error)
             if time.monotonic() > deadline:
-                log = f"\n{self.log_path}:\n{self._log_since(log_offset)}" if log_offset is not None else ""
+                log = (
+                    f"\n{self.log_path}:\n{log_tail_since(self.log_path, log_offset)}" if log_offset is not None else ""
+                )
                 raise RuntimeError(f"SeaweedFS in {self.home} not ready at {endpoint} in time ({last}){log}")
             time.sleep(0.2)
         ours = self._proc is not None and self._proc.pid == pid
         code = f" with code {self._proc.returncode}" if ours else ""
-        raise RuntimeError(f"SeaweedFS exited{code} while starting:\n{self._log_since(log_offset or 0)}")
+        raise RuntimeError(f"SeaweedFS exited{code} while starting:\n{log_tail_since(self.log_path, log_offset or 0)}")
 
     def _is_our_server(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None  # also reaps our own exited child
-        if Path("/proc/self/cmdline").exists():
-            # The pid may have been reused by another process since state.json was written.
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                return False
-            return b"server" in args and f"-dir={self.data_dir}".encode() in args
-        try:  # without /proc, a live pid is the best evidence there is
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._is_our_server(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def _log_since(self, offset: int) -> str:
-        with open(self.log_path, "rb") as log:
-            log.seek(offset)
-            return _tail(log.read().decode(errors="replace"))
+        # The pid may have been reused by another process since state.json was written.
+        return cmdline_has(pid, "server", f"-dir={self.data_dir}")
 
     def _read_state(self) -> dict:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _write_state(self, **state: object) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.state_path)
+        # tests/test_s3_local.py reads the state of two servers through this.
+        return self._state_file.read()
 
 
 def running_endpoint(home: Path) -> str | None:
