@@ -102,6 +102,22 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
     return resolve(config)
 
 
+def start_stop_or_status(server, command: str, action: str, secret_file: tuple[str, Path]) -> int:
+    """`start`, `stop` and `status` of a development server that keeps a secret in a file (postgres-local,
+    s3-local): `start` prints the address, then where the secret is (``secret_file``: label, path), never
+    the secret itself."""
+    if action != "start":
+        return stop_or_status(server, action)
+    try:
+        print(server.start())
+    except RuntimeError as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return ExitCode.FAILED
+    label, path = secret_file
+    print(f"{label}: {path}")
+    return ExitCode.OK
+
+
 def stop_or_status(server, action: str) -> int:
     """`stop` and `status` of a development server (kafka-local, postgres-local): the same words, exit codes."""
     if action == "stop":

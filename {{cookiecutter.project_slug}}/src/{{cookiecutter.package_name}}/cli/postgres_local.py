@@ -7,13 +7,11 @@ edge; the pipeline never imports the development tools.
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 from ..pipeline.config import Config, ConfigError, load_section
 from ..pipeline.egress import settings_of
-from .exit_codes import ExitCode
 
 POSTGRES, SECTION = "postgres_egress", "egress_postgres"
 LOCAL_DSN = "local"
@@ -29,18 +27,10 @@ def register(commands) -> None:
 
 def postgres_local(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.postgres_local import LocalPostgres
-    from .local_servers import stop_or_status
+    from .local_servers import start_stop_or_status
 
     server = LocalPostgres(_local_home(config))
-    if args.action == "start":
-        try:
-            print(server.start())
-        except RuntimeError as error:
-            print(f"postgres-local: {error}", file=sys.stderr)
-            return ExitCode.FAILED
-        print(f"password file: {server.password_file}")
-        return ExitCode.OK
-    return stop_or_status(server, args.action)
+    return start_stop_or_status(server, "postgres-local", args.action, ("password file", server.password_file))
 
 
 def resolve_local_postgres(config: Config) -> Config:

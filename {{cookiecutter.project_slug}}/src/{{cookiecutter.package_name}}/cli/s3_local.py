@@ -11,11 +11,9 @@ profile `default`), never the secret:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ..pipeline.config import Config
-from .exit_codes import ExitCode
 
 
 def register(commands) -> None:
@@ -27,18 +25,10 @@ def register(commands) -> None:
 
 def s3_local(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.s3_local import LocalS3
-    from .local_servers import stop_or_status
+    from .local_servers import start_stop_or_status
 
     server = LocalS3(s3_local_home(config))
-    if args.action == "start":
-        try:
-            print(server.start())
-        except RuntimeError as error:
-            print(f"s3-local: {error}", file=sys.stderr)
-            return ExitCode.FAILED
-        print(f"credentials file: {server.credentials_file}")
-        return ExitCode.OK
-    return stop_or_status(server, args.action)
+    return start_stop_or_status(server, "s3-local", args.action, ("credentials file", server.credentials_file))
 
 
 def s3_local_home(config: Config) -> Path:
