@@ -75,6 +75,9 @@ def s3_spark(spark, s3_server):
         "fs.s3a.path.style.access": "true",
         "fs.s3a.access.key": access_key,
         "fs.s3a.secret.key": secret_key,
+        # A create without overwrite skips S3A's own look first, as in a race where both looked
+        # before either wrote: only a conditional upload still refuses (tests/test_s3.py, leases).
+        "fs.s3a.performance.flags": "create",
     }.items():
         hadoop.set(key, value)
     return spark

@@ -5,6 +5,7 @@ Every command runs in a child process, as an operator runs it, configured only b
 session pointed at the same server (``s3_spark``) and judges it against Kafka (``kafka_oracle``).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import pytest
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import pick_ports
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET
+from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file
 
 # One worker runs this file (make test uses two), beside the session's S3 server.
@@ -97,6 +100,26 @@ def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(s3_lak
     assert result.returncode == 2, result.stdout + result.stderr
     assert named in result.stderr
     assert secret not in result.stdout + result.stderr
+
+
+def test_two_processes_taking_one_lease_on_s3_cannot_both_win(s3_spark, s3_server, monkeypatch):
+    lakehouse = Lakehouse(f"s3a://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    directory = lease.lease_directory(lakehouse, "silver")
+    # A contender that looked just before this process took the lease: no lease yet.
+    stale_view = lease._current(s3_spark, directory)
+    winner = lease.acquire(s3_spark, lakehouse, "silver")
+    lease._HELD.pop(directory)  # from here on, this process plays the other contender
+    looks = iter([stale_view])
+    real_current = lease._current
+    monkeypatch.setattr(lease, "_current", lambda spark, directory: next(looks, None) or real_current(spark, directory))
+
+    # Its create of generation 1 is a conditional upload that S3 refuses: not an overwrite.
+    with pytest.raises(lease.LeaseHeld, match="took the lease .* at the same moment"):
+        lease.acquire(s3_spark, lakehouse, "silver")
+    monkeypatch.undo()
+    assert json.loads(files.read_text(s3_spark, winner.path))["owner"] == winner.record.owner
+    winner.check()
+    winner.release()
 
 
 # Each writer is a driver of its own (its own JVM and Delta log store), set up as `run` sets up its

@@ -55,8 +55,9 @@ def create_new(spark: SparkSession, path: str, text: str) -> bool:
             ...  # another process took generation 4 first
     """
     fs, jvm_path = filesystem(spark, path)
+    on_s3 = fs.getScheme() == "s3a"
     try:
-        if fs.getScheme() == "s3a":
+        if on_s3:
             builder = fs.createFile(jvm_path).create().overwrite(False).must(CONDITIONAL_CREATE, True)
             stream = builder.build()
         else:
@@ -68,7 +69,12 @@ def create_new(spark: SparkSession, path: str, text: str) -> bool:
     try:
         stream.write(bytearray(text.encode("utf-8")))
     except BaseException:
-        stream.abort()  # nothing reaches the store before close: abort, never upload half a file
+        # Nothing reaches S3 before close: abort, never upload half a file. A local stream cannot
+        # abort; it is closed, as before, and a reader refuses what it cannot parse.
+        if on_s3:
+            stream.abort()
+        else:
+            stream.close()
         raise
     try:
         stream.close()
