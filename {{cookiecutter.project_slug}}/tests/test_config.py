@@ -1,6 +1,7 @@
 """Config files, environment overrides and the errors that name the bad key."""
 
 import pickle
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -27,7 +28,12 @@ def test_local_config_loads_with_its_defaults(tmp_path):
     assert config.kafka.bootstrap_servers == "local"
     assert config.kafka.topics == tuple(t.strip() for t in {{ cookiecutter.kafka_topics | tojson }}.split(","))
     assert config.gold_window == {{ cookiecutter.gold_window_duration | tojson }}
+{%- if cookiecutter.storage == "s3" %}
+    assert config.lakehouse_root == "s3a://lakehouse/{{ cookiecutter.project_slug }}"
+    assert config.s3.endpoint == "local"
+{%- else %}
     assert Path(config.lakehouse_root).is_absolute()
+{%- endif %}
 
 
 def test_the_local_config_turns_on_every_egress_of_the_project_and_pipeline_egress_narrows_them():
@@ -63,6 +69,37 @@ def test_environment_overrides_the_file():
     assert config.lakehouse_root == "s3a://bucket/lake"
     assert config.kafka.topics == ("one", "two")
     assert config.spark_master == "local[1]"
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"LAKEHOUSE_ROOT": "s3://bucket/lake"}, "lakehouse.root: 's3://bucket/lake': write s3a://bucket/lake"),
+        ({"LAKEHOUSE_ROOT": "s3a://Bad_Bucket/lake"}, "lakehouse.root: 's3a://Bad_Bucket/lake' is not s3a://<bucket>"),
+        ({"S3_ENDPOINT": "127.0.0.1:9000"}, "'127.0.0.1:9000' is not an http(s)://host[:port] URL"),
+        ({"S3_ENDPOINT": "http://host:9000/bucket"}, "is not an http(s)://host[:port] URL"),
+        ({"S3_PATH_STYLE_ACCESS": "sometimes"}, "S3_PATH_STYLE_ACCESS: 'sometimes' is not true or false"),
+    ],
+)
+def test_a_bad_s3_setting_is_refused_naming_it(environ, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config("local", environ=environ)
+
+
+def test_s3_settings_come_from_the_environment():
+    environ = {
+        "LAKEHOUSE_ROOT": "s3a://lake-bucket/clicks/",
+        "S3_ENDPOINT": "https://minio.example.internal:9000/",
+        "S3_PATH_STYLE_ACCESS": "true",
+        "S3_REGION": "eu-west-1",
+    }
+    config = load_config("local", environ=environ)
+    assert config.lakehouse_root == "s3a://lake-bucket/clicks"
+    assert (config.s3.endpoint, config.s3.path_style_access, config.s3.region) == (
+        "https://minio.example.internal:9000",
+        True,
+        "eu-west-1",
+    )
 
 
 def test_pipeline_env_selects_the_file():
@@ -139,7 +176,7 @@ def test_a_config_pickles_with_its_secrets_hidden_from_its_repr(tmp_path):
 @pytest.mark.parametrize(
     ("old", "new", "named"),
     [
-        ('root = "lakehouse"', 'root = "lakehouse"\nroots = "typo"', "lakehouse.roots: unknown key"),
+        ('root = "', 'roots = "typo"\nroot = "', "lakehouse.roots: unknown key"),
         ('master = "local[2]"\n', "", "spark.master: missing"),
         ("shuffle_partitions = 4", 'shuffle_partitions = "4"', "spark.shuffle_partitions: expected int"),
         ("fail_on_data_loss = true", "fail_on_data_loss = 1", "kafka.fail_on_data_loss: expected bool"),
@@ -148,7 +185,7 @@ def test_a_config_pickles_with_its_secrets_hidden_from_its_repr(tmp_path):
         ('security_protocol = "PLAINTEXT"', 'security_protocol = "TLS"', "kafka.security_protocol"),
         ('gold_window = "', 'gold_window = "every ', "pipeline.gold_window"),
         ("[spark]", "[sparks]", "sparks: unknown section"),
-        ('[lakehouse]\nroot = "lakehouse"\n', "", "lakehouse: missing"),
+        ("[lakehouse]", "[lakehouses]", "lakehouse: missing"),
         ('topics = ["', 'topics = [1, "', "kafka.topics: expected str, got int 1"),
     ],
 )

@@ -215,12 +215,12 @@ def sign_request(
     """The headers of an S3 request signed with AWS Signature Version 4, ``headers`` included.
 
     A few dozen lines instead of an SDK dependency (boto3/botocore) for the handful of requests the
-    development server and its tests make. Every header given is signed. Send the request to
-    ``encode_url(url)``: the path and query exactly as signed.
+    start-up probe, the development server and its tests make. Every header given is signed. Send
+    the request to ``encode_url(url)``: the path and query exactly as signed.
 
     Example::
 
-        headers = sign_request("PUT", "http://127.0.0.1:38333/lakehouse", read_credentials(path))
+        headers = sign_request("PUT", "http://127.0.0.1:38333/lakehouse", read_credentials_file(path))
     """
     access_key, secret_key = credentials
     parts = urllib.parse.urlsplit(encode_url(url))
