@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
 
 
@@ -53,6 +54,21 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def contend_with_a_stale_look(monkeypatch):
+    """Make this process the other contender for a lease: its one look at the lease is the stale view
+    it is given (what it saw just before the winner took it); every later look, the read-back, is the truth."""
+
+    def contend(stale_view) -> None:
+        looks = iter([stale_view])
+        real_current = lease._current
+        monkeypatch.setattr(
+            lease, "_current", lambda spark, directory: next(looks, None) or real_current(spark, directory)
+        )
+
+    return contend
 
 
 @pytest.fixture(scope="session")

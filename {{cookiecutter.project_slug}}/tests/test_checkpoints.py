@@ -180,7 +180,9 @@ def test_a_live_lease_is_respected_and_an_expired_one_taken_over(spark, tmp_path
     assert not second.exists()
 
 
-def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(spark, tmp_path, monkeypatch):
+def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(
+    spark, tmp_path, monkeypatch, contend_with_a_stale_look
+):
     lakehouse = Lakehouse(str(tmp_path / "lake"))
     foreign_lease(Path(lease.lease_path(lakehouse, "silver", 1)), renewed_ms=int(time.time() * 1000) - 10_000)
     directory = lease.lease_directory(lakehouse, "silver")
@@ -189,10 +191,7 @@ def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(spark,
     winner = lease.acquire(spark, lakehouse, "silver")
     assert winner.generation == 2
     lease._HELD.pop(directory)  # from here on, this process plays the other contender
-    # Its one look is the stale one; it reads the lease back as it is now.
-    looks = iter([stale_view])
-    real_current = lease._current
-    monkeypatch.setattr(lease, "_current", lambda spark, directory: next(looks, None) or real_current(spark, directory))
+    contend_with_a_stale_look(stale_view)
 
     with pytest.raises(lease.LeaseHeld, match="took the lease .* at the same moment"):
         lease.acquire(spark, lakehouse, "silver")

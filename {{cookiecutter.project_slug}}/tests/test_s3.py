@@ -102,16 +102,16 @@ def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(s3_lak
     assert secret not in result.stdout + result.stderr
 
 
-def test_two_processes_taking_one_lease_on_s3_cannot_both_win(s3_spark, s3_server, monkeypatch):
+def test_two_processes_taking_one_lease_on_s3_cannot_both_win(
+    s3_spark, s3_server, monkeypatch, contend_with_a_stale_look
+):
     lakehouse = Lakehouse(f"s3a://{BUCKET}/{uuid.uuid4().hex[:12]}")
     directory = lease.lease_directory(lakehouse, "silver")
     # A contender that looked just before this process took the lease: no lease yet.
     stale_view = lease._current(s3_spark, directory)
     winner = lease.acquire(s3_spark, lakehouse, "silver")
     lease._HELD.pop(directory)  # from here on, this process plays the other contender
-    looks = iter([stale_view])
-    real_current = lease._current
-    monkeypatch.setattr(lease, "_current", lambda spark, directory: next(looks, None) or real_current(spark, directory))
+    contend_with_a_stale_look(stale_view)
 
     # Its create of generation 1 is a conditional upload that S3 refuses: not an overwrite.
     with pytest.raises(lease.LeaseHeld, match="took the lease .* at the same moment"):
