@@ -11,11 +11,9 @@ Jars come from Maven Central via the Ivy jar that pyspark ships: no Docker, no K
 from __future__ import annotations
 
 import base64
-import contextlib
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -26,7 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from . import kafka_secure
-from .server_state import StateFile, cmdline_has, log_tail_since, tail, wait_until_gone
+from .server_state import StateFile, cmdline_has, log_tail_since, tail, terminate
 
 KAFKA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
@@ -273,12 +271,7 @@ class LocalKafka:
         pid = state.pop("pid", None)
         was_running = bool(pid) and self._is_our_broker(pid)
         if was_running:
-            # The broker may exit on its own between the check and the signal.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                if not wait_until_gone(self._is_our_broker, pid, timeout):
-                    os.kill(pid, signal.SIGKILL)
-                    wait_until_gone(self._is_our_broker, pid, 10.0)
+            terminate(self._is_our_broker, pid, timeout)
         if self.state_path.exists():
             self._state_file.write(**state)
         self._proc = None

@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import string
 import subprocess
 import sysconfig
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from ..pipeline.s3 import read_credentials_file, s3_request
 from .kafka_local import pick_ports
-from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, wait_until_gone
+from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, terminate
 
 BUCKET = "lakehouse"
 REGION = "us-east-1"
@@ -247,12 +246,8 @@ class LocalS3:
         pid = state.pop("pid", None)
         was_running = isinstance(pid, int) and self._is_our_server(pid)
         if was_running:
-            # The whole process group: weed started in a session of its own. It may have exited already.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-                if not wait_until_gone(self._is_our_server, pid, timeout):
-                    os.killpg(pid, signal.SIGKILL)
-                    wait_until_gone(self._is_our_server, pid, 10.0)
+            # The whole process group: weed started in a session of its own.
+            terminate(self._is_our_server, pid, timeout, send=os.killpg)
             if not self._is_our_server(pid):  # only now: a later server may have these ports, and names
                 self._remove_sockets(state)
         if self.state_path.exists():

@@ -10,8 +10,10 @@ tells its own server from a process that reuses the pid, and shows the tail of i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +108,25 @@ def wait_until_gone(is_alive: Callable[[int], bool], pid: int, timeout: float) -
             return False
         time.sleep(0.1)
     return True
+
+
+def terminate(
+    is_alive: Callable[[int], bool], pid: int, timeout: float, send: Callable[[int, int], None] = os.kill
+) -> None:
+    """SIGTERM, then SIGKILL if ``is_alive(pid)`` still holds after ``timeout``; a process already gone is fine.
+
+    ``send`` is ``os.killpg`` for a server started in a process group of its own.
+
+    Example::
+
+        terminate(lambda pid: cmdline_has(pid, "kafka.Kafka"), pid, 30.0)
+    """
+    # The process may exit on its own between the caller's check and the signal.
+    with contextlib.suppress(ProcessLookupError):
+        send(pid, signal.SIGTERM)
+        if not wait_until_gone(is_alive, pid, timeout):
+            send(pid, signal.SIGKILL)
+            wait_until_gone(is_alive, pid, 10.0)
 
 
 def cmdline_has(pid: int, *needles: str | os.PathLike[str], other_user_counts: bool = False) -> bool:
