@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
-from {{ cookiecutter.package_name }}.devtools.s3_local import LocalS3
+from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline import s3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
@@ -17,6 +17,8 @@ from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+
+STORAGES = ("local", "s3")
 
 
 def pytest_configure(config):
@@ -30,6 +32,16 @@ def pytest_configure(config):
     # minutes fills ("Out of space in CodeCache"): keep the tiered default of 240 MB.
     # JVMs print "Picked up JAVA_TOOL_OPTIONS" on stderr; no test reads a JVM's first line.
     os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--storage",
+        choices=STORAGES,
+        default="{{ cookiecutter.storage }}",
+        help="where the tests marked `storage` keep their lakehouse: under the test's tmp_path (local) or "
+        "on the session's S3 server (s3); default: the bake's storage answer",
+    )
 
 
 def pytest_collection_modifyitems(items):
@@ -99,6 +111,73 @@ def s3_spark(spark, s3_server):
     return spark
 
 
+@pytest.fixture
+def s3_lakehouse(request, s3_server, s3_spark, monkeypatch) -> str:
+    """A lakehouse root under a prefix of its own on the session's S3 server, which the environment
+    names (``LAKEHOUSE_ROOT``, ``S3_ENDPOINT=local``) for every command the test runs, in this process
+    or in a child. The credentials come from the server's file, never from AWS's variables."""
+    test = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:60]
+    root = f"s3a://{BUCKET}/{test}-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("LAKEHOUSE_ROOT", root)
+    monkeypatch.setenv("S3_ENDPOINT", "local")
+    monkeypatch.setenv("S3_LOCAL_HOME", str(s3_server.home))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return root
+
+
+@pytest.fixture
+def lakehouse_root(request, tmp_path) -> str:
+    """This test's lakehouse: under its tmp_path, or, for a test marked `storage` in a suite run with
+    ``--storage=s3``, on the session's S3 server (``s3_lakehouse``)."""
+    if request.node.get_closest_marker("storage") and request.config.getoption("storage") == "s3":
+        return request.getfixturevalue("s3_lakehouse")
+    return str(tmp_path / "lakehouse")
+
+
+class LakehouseFiles:
+    """What an operator or a crash does to a lakehouse's files, on a local disk or on S3 alike
+    (through the session's Hadoop filesystems): lose a directory, keep a copy, put a copy back."""
+
+    def __init__(self, spark):
+        self._spark = spark
+
+    def _resolve(self, path):
+        hadoop_path = self._spark._jvm.org.apache.hadoop.fs.Path(str(path))
+        return hadoop_path.getFileSystem(self._spark._jsc.hadoopConfiguration()), hadoop_path
+
+    def remove(self, path) -> None:
+        filesystem, hadoop_path = self._resolve(path)
+        assert filesystem.delete(hadoop_path, True), f"nothing to remove at {path}"
+
+    def copy(self, source, target) -> None:
+        """Copy what the directory ``source`` holds into the directory ``target``, across filesystems too.
+
+        ``target`` must hold no file: on S3 a removed directory may stay listed, empty (SeaweedFS does).
+        """
+        (source_fs, source_path), (target_fs, target_path) = self._resolve(source), self._resolve(target)
+        assert not (target_fs.exists(target_path) and target_fs.listFiles(target_path, True).hasNext()), target
+        target_fs.mkdirs(target_path)
+        hadoop = self._spark._jvm.org.apache.hadoop
+        for status in source_fs.listStatus(source_path):
+            child = hadoop.fs.Path(target_path, status.getPath().getName())
+            copied = hadoop.fs.FileUtil.copy(
+                source_fs, status.getPath(), target_fs, child, False, self._spark._jsc.hadoopConfiguration()
+            )
+            assert copied, f"{status.getPath()} was not copied to {child}"
+
+    def newest_batch(self, directory) -> int:
+        """The highest batch number in a checkpoint's ``offsets`` or ``commits`` directory."""
+        filesystem, hadoop_path = self._resolve(directory)
+        names = [status.getPath().getName() for status in filesystem.listStatus(hadoop_path)]
+        return max(int(name) for name in names if name.isdigit())
+
+
+@pytest.fixture
+def lakehouse_files(spark) -> LakehouseFiles:
+    return LakehouseFiles(spark)
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
     """A real single-node KRaft broker for the whole test session."""
@@ -123,13 +202,15 @@ def topic(kafka_bootstrap, request) -> str:
 
 
 @pytest.fixture
-def config(tmp_path, kafka_bootstrap, topic) -> Config:
+def config(lakehouse_root, kafka_bootstrap, topic) -> Config:
     """The packaged local config pointed at the test broker, topic and a private lakehouse."""
     environ = {
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "KAFKA_TOPICS": topic,
-        "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
+        "LAKEHOUSE_ROOT": lakehouse_root,
         "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"],
+        # On S3: the server s3_lakehouse named.
+        **{name: os.environ[name] for name in ("S3_ENDPOINT", "S3_LOCAL_HOME") if name in os.environ},
     }
     return configure(load_config("local", environ=environ), environ)
 

@@ -254,23 +254,24 @@ def test_txn_retention_on_a_sink_is_refused_naming_the_property_and_the_command(
 
 
 @pytest.mark.slow
+@pytest.mark.storage
 def test_an_older_checkpoint_put_back_is_refused_until_reset_which_is_exact(
-    spark, pipeline_env, capsys, monkeypatch, tmp_path
+    spark, pipeline_env, capsys, monkeypatch, tmp_path, lakehouse_files
 ):
     monkeypatch.setenv("KAFKA_MAX_OFFSETS_PER_TRIGGER", "20")
     first = produce_records(pipeline_env, 60, seed=2)
     assert main(["run", "--layer", "bronze", "--available-now"]) == 0
-    bronze_checkpoint = checkpoint(pipeline_env, "bronze")
-    old_copy = tmp_path / "bronze-checkpoint-backup"
-    shutil.copytree(bronze_checkpoint, old_copy)
-    old_batch = newest(old_copy / "commits")
+    bronze_checkpoint = Lakehouse(pipeline_env.lakehouse_root).checkpoint("bronze")
+    old_copy = tmp_path / "bronze-checkpoint-backup"  # on this disk, wherever the lakehouse is
+    lakehouse_files.copy(bronze_checkpoint, old_copy)
+    old_batch = lakehouse_files.newest_batch(old_copy / "commits")
 
     second = produce_records(pipeline_env, 40, seed=3)
     assert main(["run", "--layer", "bronze", "--available-now"]) == 0
-    new_batch = newest(bronze_checkpoint / "commits")
+    new_batch = lakehouse_files.newest_batch(f"{bronze_checkpoint}/commits")
     assert new_batch > old_batch
-    shutil.rmtree(bronze_checkpoint)
-    shutil.copytree(old_copy, bronze_checkpoint)
+    lakehouse_files.remove(bronze_checkpoint)
+    lakehouse_files.copy(old_copy, bronze_checkpoint)
     capsys.readouterr()
 
     assert main(["run", "--layer", "all", "--available-now"]) == 3

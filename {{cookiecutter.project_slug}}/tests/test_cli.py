@@ -16,6 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
 
 
@@ -36,6 +37,19 @@ def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
     assert all(path.startswith(str(tmp_path / "lake" / "checkpoints")) for path in checkpoint_dirs)
     assert set(described["tables"]) == {"bronze_events", "silver_events", "quarantine_events", "gold_event_windows"}
     assert described["streams"]["silver"]["source"] == described["tables"]["bronze_events"]
+
+
+@pytest.mark.parametrize(
+    "configured, expected",
+    [
+        ("lakehouse", "{workdir}/lakehouse"),
+        ("s3a://lake/clickstream", "s3a://lake/clickstream-chaos/run-1"),
+        ("s3a://lake/team/clickstream/", "s3a://lake/team/clickstream-chaos/run-1"),
+        ("s3a://lake", "s3a://lake/chaos/run-1"),
+    ],
+)
+def test_a_chaos_run_gets_a_lakehouse_of_its_own_on_the_configured_storage(tmp_path, configured, expected):
+    assert chaos_lakehouse(configured, tmp_path, "run-1") == expected.format(workdir=tmp_path)
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Exactly-once under faults: crash points at every layer, random kills, a restarted broker, a cluster.
 
-Each is judged by the chaos runner's oracle (tests/test_chaos_oracle.py proves it can fail).
+Each is judged by the chaos runner's oracle (tests/test_chaos_oracle.py proves it can fail). All but
+the cluster run on the suite's storage (``--storage``): a local disk or the S3 server.
 """
 
 import os
@@ -68,6 +69,7 @@ def oracle(spark, config, ledger: Ledger) -> dict:
 
 
 @pytest.mark.faults
+@pytest.mark.storage
 @pytest.mark.parametrize("stream", ["bronze", "silver", "gold"])
 def test_a_crash_at_each_batch_boundary_loses_and_doubles_nothing(spark, config, stream):
     # Malformed records too: silver's batch then commits to silver and to quarantine.
@@ -86,7 +88,7 @@ def test_a_crash_at_each_batch_boundary_loses_and_doubles_nothing(spark, config,
 
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
         assert f"crash point {crash_at}" in crashed.stderr
-        assert pending_batches(Path(config.lakehouse_root) / "checkpoints") == 1
+        assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1
         if point == BETWEEN_SINK_COMMITS:
             # The window is real: silver holds the batch, quarantine nothing of it yet.
             assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() > 0
@@ -145,6 +147,7 @@ def process_state(pid: int) -> str:
 
 
 @pytest.mark.faults
+@pytest.mark.storage
 @pytest.mark.parametrize("taken_by", ["reset", "another process"])
 def test_a_gold_writer_frozen_past_its_lease_wakes_and_writes_nothing_more(spark, config, tmp_path, taken_by):
     """A gold process stopped (SIGSTOP) inside a batch, before its MERGE, for longer than its lease;
@@ -196,6 +199,7 @@ def test_a_gold_writer_frozen_past_its_lease_wakes_and_writes_nothing_more(spark
 
 
 @pytest.mark.faults
+@pytest.mark.storage
 def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark, config, tmp_path):
     broker = LocalKafka(tmp_path / "own-broker")
     bootstrap = broker.start()
@@ -226,13 +230,14 @@ def test_broker_restart_while_the_pipeline_runs_loses_and_doubles_nothing(spark,
 
 
 @pytest.mark.faults
+@pytest.mark.storage
 def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, tmp_path):
     # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
     environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers}
     packaged = configure(load_config("local", environ=environ), environ)
     with ExitStack() as servers:
         run_config = private_servers(config.model_copy(update={"egress": packaged.egress}), tmp_path, servers)
-        report = run_chaos(run_config, kills=10, seed=7, records=1500)
+        report = run_chaos(run_config, kills=10, seed=7, records=1500, logs=tmp_path / "pipeline-logs")
 
     print(report.table())
     # Kills that found the pipeline running and ended it by SIGKILL, counted by the runner.

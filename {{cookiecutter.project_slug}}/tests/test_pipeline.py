@@ -153,10 +153,11 @@ def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_at
     assert_audit_clean(spark, config)
 
 
-def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spark, config):
+@pytest.mark.storage
+def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spark, config, lakehouse_files):
     produce_sample(config, 150, seed=7)
     run_available_now(spark, config)
-    shutil.rmtree(checkpoint_dir(config, "bronze"))
+    lakehouse_files.remove(Lakehouse(config.lakehouse_root).checkpoint("bronze"))
     produce_sample(config, 60, seed=8)
 
     run_available_now(spark, config)
@@ -167,11 +168,12 @@ def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spar
 
 
 @pytest.mark.slow
-def test_lost_silver_checkpoint_keeps_each_record_once_through_key_dedup(spark, config):
+@pytest.mark.storage
+def test_lost_silver_checkpoint_keeps_each_record_once_through_key_dedup(spark, config, lakehouse_files):
     produce_sample(config, 150, seed=9, malformed_ratio=0.1)
     run_available_now(spark, config)
     counts = {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)}
-    shutil.rmtree(checkpoint_dir(config, "silver"))
+    lakehouse_files.remove(Lakehouse(config.lakehouse_root).checkpoint("silver"))
 
     run_available_now(spark, config)
 

@@ -36,15 +36,9 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def s3_lakehouse(s3_server, pipeline_env, monkeypatch) -> str:
-    """The test's lakehouse under its own prefix of the S3 server's bucket, in the environment."""
-    root = f"s3a://{BUCKET}/{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("LAKEHOUSE_ROOT", root)
-    monkeypatch.setenv("S3_ENDPOINT", "local")
-    monkeypatch.setenv("S3_LOCAL_HOME", str(s3_server.home))
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    return root
+def lakehouse_root(s3_lakehouse) -> str:
+    """Every lakehouse of this file is on the S3 server, whatever ``--storage`` says."""
+    return s3_lakehouse
 
 
 @pytest.mark.slow
@@ -73,7 +67,7 @@ def test_the_pipeline_on_s3_holds_each_committed_record_once(s3_lakehouse, s3_sp
 
 
 @pytest.mark.parametrize("wrong", ["secret", "bucket", "endpoint", "server"])
-def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(s3_lakehouse, s3_server, tmp_path, wrong):
+def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(pipeline_env, s3_server, tmp_path, wrong):
     secret = "not-the-secret-" + uuid.uuid4().hex
     if wrong == "secret":
         bad = tmp_path / "credentials"

@@ -255,7 +255,7 @@ def measure(bench: Bench, topic: str) -> None:
         after /= 2  # it finished first: this run was faster than the undisturbed one
     else:
         raise RuntimeError(f"recovery: all {ATTEMPTS} drains finished before the kill")
-    pending = pending_batches(killed_root / "checkpoints")
+    pending = pending_batches(bench.spark, str(killed_root / "checkpoints"))
     second = drain(killed_root)
     drained = first["drain_s"] + second["drain_s"]
     if in_process:

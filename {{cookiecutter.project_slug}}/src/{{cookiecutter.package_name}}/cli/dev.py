@@ -62,15 +62,32 @@ def produce_sample(config: Config, args: argparse.Namespace) -> int:
 def chaos(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.chaos import run_chaos
 
-    workdir = Path(args.workdir).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
-    # Never the configured lakehouse: the runner creates its own topic and tables.
-    run_config = config.model_copy(update={"lakehouse_root": str(workdir / "lakehouse")})
+    run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
+    workdir = Path(args.workdir).resolve() / run
+    run_config = config.model_copy(update={"lakehouse_root": chaos_lakehouse(config.lakehouse_root, workdir, run)})
     with ExitStack() as servers:
         run_config = private_servers(run_config, workdir, servers)
-        report = run_chaos(run_config, args.kills, args.seed, args.records)
+        report = run_chaos(run_config, args.kills, args.seed, args.records, logs=workdir / "pipeline-logs")
     print(report.table())
     print(f"work directory: {workdir}")
+    print(f"lakehouse: {run_config.lakehouse_root}")
     return ExitCode.OK if report.clean else ExitCode.FAILED
+
+
+def chaos_lakehouse(configured_root: str, workdir: Path, run: str) -> str:
+    """A chaos run's own lakehouse, never the configured one (the runner makes its own topic and tables).
+
+    On the configured storage: in ``workdir``, or, for a root on S3, in the same bucket beside it
+    (``s3a://lake/clickstream`` gives ``s3a://lake/clickstream-chaos/<run>``), so that the run exercises
+    the store the pipeline runs on.
+    """
+    from ..pipeline.s3 import SCHEME, bucket_and_prefix, is_s3
+
+    if not is_s3(configured_root):
+        return str(workdir / "lakehouse")
+    bucket, prefix = bucket_and_prefix(configured_root)
+    beside = f"{prefix.rstrip('/')}-chaos" if prefix else "chaos"
+    return f"{SCHEME}{bucket}/{beside}/{run}"
 
 
 def bench(config: Config, args: argparse.Namespace) -> int:

@@ -29,6 +29,13 @@ def uses_local_broker(config: Config) -> bool:
     return config.kafka.bootstrap_servers == LOCAL_BOOTSTRAP
 
 
+def uses_local_s3(config: Config) -> bool:
+    """The lakehouse is on S3 and the config names the development server (endpoint "local")."""
+    from ..pipeline.s3 import is_s3
+
+    return config.s3.endpoint == LOCAL_ENDPOINT and is_s3(config.lakehouse_root)
+
+
 def resolve(config: Config, egress: bool = True) -> Config:
     """The config with every "local" server replaced by the running one's address (and credentials).
 
@@ -64,9 +71,7 @@ def resolve_local_s3(config: Config) -> Config:
 
     Only for a lakehouse root on S3; raises ConfigError naming s3.endpoint when no such server runs.
     """
-    from ..pipeline.s3 import is_s3
-
-    if config.s3.endpoint != LOCAL_ENDPOINT or not is_s3(config.lakehouse_root):
+    if not uses_local_s3(config):
         return config
     from ..devtools.s3_local import LocalS3
 
@@ -96,6 +101,14 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
             kafka = config.kafka.model_copy(update={"bootstrap_servers": broker.start()})
             stack.callback(broker.stop)
             config = config.model_copy(update={"kafka": kafka})
+    if uses_local_s3(config):
+        from ..devtools.s3_local import LocalS3
+
+        if LocalS3(config.s3_local_home).endpoint is None:
+            server = LocalS3(workdir / "s3")
+            server.start()
+            stack.callback(server.stop)
+            config = config.model_copy(update={"s3_local_home": server.home})
     postgres = _postgres_local()
     if postgres is not None:
         config = postgres.private_postgres(config, workdir, stack)

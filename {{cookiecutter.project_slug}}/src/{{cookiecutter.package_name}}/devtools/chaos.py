@@ -151,6 +151,26 @@ def verify(
     }
 
 
+def storage_env(config) -> dict[str, str]:
+    """The environment that points a pipeline process at ``config``'s S3 server ({} off S3).
+
+    The resolved settings, not "local": the runner may have started a server of its own.
+    """
+    from ..pipeline.s3 import is_s3
+
+    if not is_s3(config.lakehouse_root):
+        return {}
+    settings = config.s3
+    env = {
+        "S3_ENDPOINT": settings.endpoint,
+        "S3_REGION": settings.region,
+        "S3_PATH_STYLE_ACCESS": str(settings.path_style_access).lower(),
+    }
+    if settings.credentials_file:
+        env["S3_CREDENTIALS_FILE"] = str(settings.credentials_file)
+    return env
+
+
 def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
     """The environment that turns on each egress ``config`` has, each with a sink of this run only."""
     from ..pipeline.egress import settings_of
@@ -235,12 +255,30 @@ def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
         return [tuple(row) for row in connection.execute(query).fetchall()]
 
 
-def pending_batches(checkpoint_root: Path) -> int:
-    """Batches with an offset-log entry but no commit-log entry: each is replayed on restart."""
+def pending_batches(spark, checkpoint_root: str) -> int:
+    """Batches with an offset-log entry but no commit-log entry: each is replayed on restart.
+
+    ``checkpoint_root`` is any Hadoop URI (a local directory, ``s3a://...``): it is listed through
+    ``spark``'s Hadoop filesystem, with that session's credentials.
+    """
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
+    root = hadoop_path(checkpoint_root)
+    filesystem = root.getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def batches(directory) -> list[int]:
+        if not filesystem.exists(directory):
+            return []
+        names = [status.getPath().getName() for status in filesystem.listStatus(directory)]
+        return [int(name) for name in names if name.isdigit()]
+
+    if not filesystem.exists(root):
+        return 0
     pending = 0
-    for stream_dir in checkpoint_root.glob("*"):
-        logged = [int(p.name) for p in (stream_dir / "offsets").glob("[0-9]*")]
-        committed = [int(p.name) for p in (stream_dir / "commits").glob("[0-9]*")]
+    for stream in filesystem.listStatus(root):
+        if not stream.isDirectory():
+            continue
+        logged = batches(hadoop_path(stream.getPath(), "offsets"))
+        committed = batches(hadoop_path(stream.getPath(), "commits"))
         if logged and max(logged) > max(committed, default=-1):
             pending += 1
     return pending
@@ -284,11 +322,13 @@ def run_chaos(
     kills: int,
     seed: int,
     records: int,
+    logs: Path,
     kill_window_s: tuple[float, float] = (6.0, 20.0),
 ) -> ChaosReport:
     """Kill and restart the pipeline ``kills`` times while producing, drain, and verify.
 
-    ``config`` points at the broker and at a lakehouse of this run only.
+    ``config`` points at the broker and at a lakehouse of this run only, on a local disk or on S3
+    (resolved: no "local" server left to look up); each pipeline run's output goes to a file in ``logs``.
     """
     from ..pipeline import s3
     from ..pipeline.config import duration_seconds
@@ -314,7 +354,14 @@ def run_chaos(
         # Small batches: more batch boundaries for the kills to land on.
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
         **egress_env(config, run, admin),
+        **storage_env(config),
     }
+    # This process's own session: it counts the batches each kill left pending, then reads the tables.
+    s3.prepare(config)
+    packages, conf = s3.session_options(config)
+    spark = build_spark(
+        "chaos-verify", config.spark_master, config.shuffle_partitions, extra_conf=conf, extra_packages=packages
+    )
     ledger = Ledger()
     schedule = [rng.uniform(*kill_window_s) for _ in range(kills)]
     producer = threading.Thread(
@@ -324,7 +371,6 @@ def run_chaos(
     )
     producer.start()
     replayed = killed = 0
-    logs = Path(config.lakehouse_root).parent / "pipeline-logs"
     logs.mkdir(parents=True, exist_ok=True)
     for number, delay in enumerate(schedule, 1):
         log_path = logs / f"run-{number:03d}.log"
@@ -343,19 +389,13 @@ def run_chaos(
         os.killpg(pipeline.pid, signal.SIGKILL)  # the driver and its JVM, with no warning
         if pipeline.wait() == -signal.SIGKILL:
             killed += 1
-        replayed += pending_batches(Path(config.lakehouse_root) / "checkpoints")
+        replayed += pending_batches(spark, f"{config.lakehouse_root}/checkpoints")
     producer.join()
     drained = subprocess.run(
         pipeline_command("run", "--layer", "all", "--available-now"), env=env, capture_output=True, text=True
     )
     if drained.returncode != 0:
         raise RuntimeError(f"the final drain failed:\n{drained.stderr[-5000:]}")
-
-    s3.prepare(config)
-    packages, conf = s3.session_options(config)
-    spark = build_spark(
-        "chaos-verify", config.spark_master, config.shuffle_partitions, extra_conf=conf, extra_packages=packages
-    )
 
     def rows(name: str, *columns: str) -> list[tuple]:
         table = spark.read.format("delta").load(lakehouse.table(name))

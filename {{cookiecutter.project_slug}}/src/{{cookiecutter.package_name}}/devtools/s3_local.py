@@ -182,6 +182,8 @@ class LocalS3:
         endpoint = f"http://127.0.0.1:{ports['s3_port']}"
         cmd = [
             weed,
+            # Its own log files (glog's, beside weed.log) in its home, not in the system's temp directory.
+            f"-logdir={self.home}",
             "server",
             f"-dir={self.data_dir}",
             "-ip=127.0.0.1",
