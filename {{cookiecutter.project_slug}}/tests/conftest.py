@@ -121,8 +121,11 @@ def s3_lakehouse(request, s3_server, s3_spark, monkeypatch) -> str:
     monkeypatch.setenv("LAKEHOUSE_ROOT", root)
     monkeypatch.setenv("S3_ENDPOINT", "local")
     monkeypatch.setenv("S3_LOCAL_HOME", str(s3_server.home))
+    # Unset, and unset again afterwards: a command run in this process puts the server's credentials
+    # into os.environ (s3.prepare), and they must not outlive the test.
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return root
 
 

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
 
 def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
@@ -66,11 +66,27 @@ def test_kafka_local_status_exits_1_when_no_broker_runs(tmp_path, monkeypatch, c
     assert "not running" in capsys.readouterr().out
 
 
-def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys):
+@pytest.mark.storage
+def test_produce_run_show_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys, kafka_oracle):
     assert main(["produce-sample", "--count", "80", "--malformed-ratio", "0.2", "--seed", "3"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0
     progress = capsys.readouterr().err
     assert "[bronze] batch 0: 80 rows" in progress
+
+    # Judged against Kafka itself: each committed record once in bronze, once in silver or quarantine.
+    committed = sorted(kafka_oracle(pipeline_env, list(pipeline_env.kafka.topics)))
+    lakehouse = Lakehouse(pipeline_env.lakehouse_root)
+
+    def coordinates(table: str) -> list[tuple]:
+        rows = spark.read.format("delta").load(lakehouse.table(table)).select("topic", "partition", "offset")
+        return [tuple(row) for row in rows.collect()]
+
+    assert len(committed) == 80
+    assert sorted(coordinates(BRONZE)) == committed
+    assert sorted(coordinates(SILVER) + coordinates(QUARANTINE)) == committed
+
+    assert main(["show", "silver", "--limit", "1"]) == 0
+    assert f"{SILVER}: {len(coordinates(SILVER))} rows" in capsys.readouterr().out
 
     assert main(["audit", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -81,6 +97,7 @@ def test_produce_run_audit_and_checkpoints_from_the_command_line(spark, pipeline
     listing = capsys.readouterr().out
     assert all(f"{stream:<7} ok" in listing for stream in ("bronze", "silver", "gold"))
 
+    # A reset rebuilds gold from silver; the stream then goes on from there.
     assert main(["checkpoints", "reset", "gold", "--yes"]) == 0
     assert main(["run", "--layer", "gold", "--available-now"]) == 0
     assert main(["audit"]) == 0

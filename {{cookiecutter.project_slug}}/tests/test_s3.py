@@ -1,8 +1,9 @@
 """The lakehouse on S3: a real S3-compatible server (SeaweedFS), Spark's S3A connector and Delta.
 
-Every command runs in a child process, as an operator runs it, configured only by the environment
-(``LAKEHOUSE_ROOT=s3a://...``, ``S3_ENDPOINT=local``); this process reads the result with its own Spark
-session pointed at the same server (``s3_spark``) and judges it against Kafka (``kafka_oracle``).
+What only S3 has: its settings refused at start-up, leases and Delta commits raced by two processes
+with conditional uploads. Commands run in a child process, as an operator runs them, configured only
+by the environment (``LAKEHOUSE_ROOT=s3a://...``, ``S3_ENDPOINT=local``). The pipeline itself, its
+crash points, kills and lost checkpoints run on S3 in the tests marked ``storage`` (``--storage=s3``).
 """
 
 import json
@@ -18,7 +19,7 @@ import pytest
 from {{ cookiecutter.package_name }}.devtools.kafka_local import pick_ports
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET
 from {{ cookiecutter.package_name }}.pipeline.delta import files
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file
 
@@ -26,44 +27,10 @@ from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file
 pytestmark = pytest.mark.xdist_group("s3")
 
 
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture
 def lakehouse_root(s3_lakehouse) -> str:
     """Every lakehouse of this file is on the S3 server, whatever ``--storage`` says."""
     return s3_lakehouse
-
-
-@pytest.mark.slow
-def test_the_pipeline_on_s3_holds_each_committed_record_once(s3_lakehouse, s3_spark, pipeline_env, kafka_oracle):
-    produced = cli("produce-sample", "--count", "300", "--malformed-ratio", "0.1", "--seed", "1")
-    assert produced.returncode == 0, produced.stderr[-3000:]
-    ran = cli("run", "--layer", "all", "--available-now")
-    assert ran.returncode == 0, ran.stderr[-5000:]
-
-    lakehouse = Lakehouse(s3_lakehouse)
-    committed = kafka_oracle(pipeline_env, list(pipeline_env.kafka.topics))
-    coordinates = "topic", "partition", "offset"
-
-    def keys(table: str) -> list[tuple]:
-        rows = s3_spark.read.format("delta").load(lakehouse.table(table)).select(*coordinates).collect()
-        return [tuple(row) for row in rows]
-
-    bronze, silver, quarantine = keys(BRONZE), keys(SILVER), keys(QUARANTINE)
-    assert len(committed) == 300
-    assert sorted(bronze) == sorted(committed)
-    assert sorted(silver + quarantine) == sorted(committed)
-    gold = s3_spark.read.format("delta").load(lakehouse.table(GOLD)).agg({"event_count": "sum"}).first()[0]
-    assert gold == len(silver)
-    audited = cli("audit")
-    assert audited.returncode == 0 and "audit verdict: clean" in audited.stdout, audited.stdout + audited.stderr
 
 
 @pytest.mark.parametrize("wrong", ["secret", "bucket", "endpoint", "server"])
