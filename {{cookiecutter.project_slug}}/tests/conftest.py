@@ -55,13 +55,9 @@ def pytest_collection_modifyitems(items):
 def spark():
     # With S3A and the conditional-write log store, so that tests/test_s3.py reads and writes the S3
     # server's tables in this session too (it points s3a:// at that server once it runs: s3_spark).
+    packages, conf = s3.connector_options()
     session = build_spark(
-        "tests",
-        master="local[2]",
-        shuffle_partitions=2,
-        ui_enabled=False,
-        extra_packages=[s3.hadoop_aws_package()],
-        extra_conf=s3.log_store_conf(),
+        "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -2,8 +2,10 @@
 
 A lakehouse root ``s3a://bucket/prefix`` brings three things; a local or HDFS root brings none of them:
 
-* Hadoop's S3A connector, ``hadoop-aws`` at exactly the Hadoop version pyspark ships (with the AWS SDK
-  bundle it depends on), fetched from Maven Central like the other jars.
+* Hadoop's S3A connector, ``hadoop-aws`` at exactly the Hadoop version pyspark ships, with the AWS SDK
+  modules it calls, fetched from Maven Central like the other jars. Not the SDK's "bundle" jar that
+  hadoop-aws depends on: at 686 MB, Spark copies it into every process's work directory (a killed
+  driver leaves the copy behind) and ships it to every executor; the modules weigh about 15 MB.
 * Delta's log store for S3 replaced by ``S3ConditionalPutLogStore`` (``jvm/``, built into this package's
   ``jars/`` by `make install`). Delta commits version N by creating ``_delta_log/N.json`` only if it is
   absent; Delta's default S3 store checks and then uploads, so two processes committing the same
@@ -46,6 +48,11 @@ SCHEME = "s3a://"
 LOG_STORE_CLASS = f"{__package__.rpartition('.')[0]}.storage.S3ConditionalPutLogStore"
 LOG_STORE_JAR = "s3-conditional-log-store.jar"
 PROBE_TIMEOUT_S = 10.0
+# The AWS SDK v2 version hadoop-aws 3.5.0 is built against (its pom's software.amazon.awssdk:bundle):
+# change it with pyspark's Hadoop version. S3A calls S3, its transfer manager, and STS for assumed roles.
+AWS_SDK_VERSION = "2.35.4"
+AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+AWS_SDK_BUNDLE = "software.amazon.awssdk:bundle"
 DEFAULT_REGION = "us-east-1"
 
 
@@ -84,6 +91,21 @@ def log_store_jar() -> Path:
     return Path(str(resources.files(__package__.rpartition(".")[0]) / "jars" / LOG_STORE_JAR))
 
 
+def connector_options() -> tuple[list[str], dict[str, str]]:
+    """(Maven packages, Spark settings) of the S3A connector and the conditional-write log store.
+
+    Example::
+
+        packages, conf = connector_options()
+        build_spark("tests", extra_packages=packages, extra_conf=conf)
+    """
+    packages = [
+        hadoop_aws_package(),
+        *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in AWS_SDK_MODULES),
+    ]
+    return packages, {"spark.jars.excludes": AWS_SDK_BUNDLE, **log_store_conf()}
+
+
 def log_store_conf() -> dict[str, str]:
     """Spark settings that make Delta commit to s3a:// paths with conditional writes (``S3ConditionalPutLogStore``).
 
@@ -91,7 +113,7 @@ def log_store_conf() -> dict[str, str]:
 
     Example::
 
-        build_spark("tests", extra_packages=[hadoop_aws_package()], extra_conf=log_store_conf())
+        build_spark("tests", extra_conf=log_store_conf())  # with connector_options()'s packages
     """
     jar = log_store_jar()
     if not jar.is_file():
@@ -120,14 +142,15 @@ def session_options(config: Config) -> tuple[list[str], dict[str, str]]:
     settings = config.s3
     if settings.endpoint == LOCAL_ENDPOINT:
         raise ConfigError("s3.endpoint: is 'local' but was not resolved to the running `s3-local` server")
+    packages, connector_conf = connector_options()
     conf = {
-        **log_store_conf(),
+        **connector_conf,
         "spark.hadoop.fs.s3a.endpoint.region": settings.region,
         "spark.hadoop.fs.s3a.path.style.access": str(settings.path_style_access).lower(),
     }
     if settings.endpoint:
         conf["spark.hadoop.fs.s3a.endpoint"] = settings.endpoint
-    return [hadoop_aws_package()], conf
+    return packages, conf
 
 
 def prepare(config: Config, environ: dict[str, str] | None = None) -> None:
