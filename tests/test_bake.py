@@ -291,10 +291,21 @@ def run_logged(command: list[str], cwd: Path, env: dict, log: Path, timeout_s: f
 
 
 @pytest.mark.slow
-def test_baked_default_project_passes_its_whole_suite_and_runs_its_demo(tmp_path):
-    """The slow tier: a default bake installs itself, runs `make test-all`, then `make demo`."""
+def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
+    """The slow tier: a default bake but for ``storage=s3`` installs itself and runs `make test-all`,
+    its storage tests (crash points, kills, lost and restored checkpoints) on the local S3 server and
+    the rest on a local disk, then `make demo` on the S3 server."""
     subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "--output-dir", str(tmp_path), str(TEMPLATE)],
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "--output-dir",
+            str(tmp_path),
+            str(TEMPLATE),
+            "storage=s3",
+        ],
         check=True,
     )
     project = tmp_path / "clickstream-lakehouse"
@@ -317,3 +328,5 @@ def test_baked_default_project_passes_its_whole_suite_and_runs_its_demo(tmp_path
         assert re.search(rf"^  {stream}_rows_not_matching_gold +0$", demo, re.MULTILINE), stream
     assert "audit verdict: clean" in demo
     assert "metrics: http://127.0.0.1:9108/metrics" in demo
+    # On the S3 server the demo started (`s3-local start` prints where its credentials are).
+    assert re.search(r"^credentials file: .*/\.demo/s3/credentials$", demo, re.MULTILINE), demo[-5000:]
