@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..pipeline.config import Config
-from .connect import connect, spark_session
+from .connect import connect
 from .exit_codes import ExitCode
 from .local_servers import private_servers, uses_local_broker
 
@@ -99,10 +99,22 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
 def setup(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.kafka_local import resolve_broker_jars
+    from ..pipeline import s3
+    from ..pipeline.spark import build_spark
 
     jars = resolve_broker_jars()
     print(f"Kafka broker: {len(jars)} jars cached")
-    spark = spark_session(config, "setup")
-    print(f"Spark {spark.version} with Delta Lake and the Kafka connector: jars cached")
+    # The jars of every storage (S3's connector too), whatever the config's lakehouse: nothing here
+    # reaches the lakehouse, so an S3 server need not run yet.
+    packages, conf = s3.connector_options()
+    spark = build_spark(
+        app_name="setup",
+        master=config.spark_master,
+        shuffle_partitions=config.shuffle_partitions,
+        ui_enabled=False,
+        extra_conf=conf,
+        extra_packages=packages,
+    )
+    print(f"Spark {spark.version} with Delta Lake, the Kafka connector and S3A: jars cached")
     spark.stop()
     return ExitCode.OK
