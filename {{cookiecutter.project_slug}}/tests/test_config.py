@@ -109,7 +109,11 @@ def test_pipeline_env_selects_the_file():
     # Values only conf/prod.toml holds.
     assert config.spark_master == "spark://spark-master.example.internal:7077"
     assert config.kafka.max_offsets_per_trigger == 500000
+{%- if cookiecutter.storage == "s3" %}
+    assert config.lakehouse_root == "s3a://example-lakehouse/{{ cookiecutter.project_slug }}"
+{%- else %}
     assert config.lakehouse_root == "/data/lakehouse"
+{%- endif %}
     # Production has no development broker: [kafka_local] is left out and takes its default.
     assert "[kafka_local]" not in resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "prod.toml").read_text()
     assert config.kafka_local_home == Path(".kafka-local")
