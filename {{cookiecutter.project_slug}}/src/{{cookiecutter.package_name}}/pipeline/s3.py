@@ -5,7 +5,7 @@ A lakehouse root ``s3a://bucket/prefix`` brings three things; a local or HDFS ro
 * Hadoop's S3A connector, ``hadoop-aws`` at exactly the Hadoop version pyspark ships, with the AWS SDK
   modules it calls, fetched from Maven Central like the other jars. Not the SDK's "bundle" jar that
   hadoop-aws depends on: at 686 MB, Spark copies it into every process's work directory (a killed
-  driver leaves the copy behind) and ships it to every executor; the modules weigh about 15 MB.
+  driver leaves the copy behind) and ships it to every executor; the modules weigh about 16 MB.
 * Delta's log store for S3 replaced by ``S3ConditionalPutLogStore`` (``jvm/``, built into this package's
   ``jars/`` by `make install`). Delta commits version N by creating ``_delta_log/N.json`` only if it is
   absent; Delta's default S3 store checks and then uploads, so two processes committing the same
