@@ -34,6 +34,8 @@ TINY = dataclasses.replace(
     gold_table_commits=2,
     merge_repeats=1,
     overhead_repeats=1,
+    storage_records=1_000,
+    storage_turns=1,
     latency_rate=100,
     latency_seconds=4.0,
     latency_trigger="1 second",
@@ -109,6 +111,15 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     floors = details["fixed_overhead"]["floors"]
     assert set(floors) == {"kafka", "bronze_table", "silver_table"}
     assert all(rows == 1 for floor in floors.values() for rows in floor["input_rows"])
+    storage = details["storage"]
+    assert storage["lakehouses"]["s3"].startswith("s3a://") and not storage["lakehouses"]["local"].startswith("s3a:")
+    # The same records in every layer, whichever storage the lakehouse is on.
+    rows = {
+        name: [{layer: run["rows"] for layer, run in drain.items()} for drain in drains]
+        for name, drains in storage["drains"].items()
+    }
+    assert rows["s3"] == rows["local"]
+    assert all(drain["bronze"] == TINY.storage_records for drain in rows["s3"])
     assert details["latency_fast"]["trigger"] == TINY.latency_fast_trigger
     assert details["latency_fast"]["markers"] >= 2
 

@@ -1,5 +1,6 @@
 """Fixed cost per batch, per layer, in running streams: a one-record batch against a steady-state
-batch, and against the framework floor.
+batch, and against the framework floor. ``run_steps`` (a transaction at a time through the running
+streams of any lakehouse) is the storage phase's way to its one-record batches too.
 
 The floor of a layer is its stream's source, as the layer reads it, into Spark's `noop` sink with the
 same trigger, fed one record at a time: the Kafka source with bronze's options and record shaping for
@@ -14,6 +15,7 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..pipeline.bronze import bronze_records
@@ -35,17 +37,22 @@ FLOOR_NAMES = {
 }
 
 
-def wait_settled(bench: Bench, config: Config, queries: dict, bronze_rows: int) -> dict[str, int]:
+def wait_settled(
+    bench: Bench, config: Config, queries: dict, bronze_rows: int, ran: Callable[[], bool] | None = None
+) -> dict[str, int]:
     """Until bronze holds ``bronze_rows`` and silver, quarantine and gold have caught up with it.
 
-    Tables are only read while no stream runs a batch, so the checks do not slow the batches.
+    Tables are only read while no stream runs a batch, and once ``ran()`` holds (when given: a cheap
+    sign that the last layer has run), so the checks do not slow the batches: on S3 a check is a
+    listing and a read of four tables' logs, a batch's worth of requests.
     """
     if bronze_rows < 0:
         raise ValueError(f"bronze_rows must not be negative, got {bronze_rows}")
     deadline = time.monotonic() + bench.sizes.timeout_s
     while True:
         check_running(queries)
-        if not any(query.status["isTriggerActive"] for query in queries.values()):
+        idle = not any(query.status["isTriggerActive"] for query in queries.values())
+        if idle and (ran is None or ran()):
             rows = bench.table_rows(config)
             if (
                 rows["bronze"] >= bronze_rows
@@ -58,37 +65,70 @@ def wait_settled(bench: Bench, config: Config, queries: dict, bronze_rows: int) 
         time.sleep(0.25)
 
 
-def measure(bench: Bench, topic: str) -> None:
-    """Continues the drained exactly-once lakehouse of the throughput phase with running streams."""
-    sizes = bench.sizes
-    steady = sizes.steady_batch or bench.kafka.max_offsets_per_trigger
-    config = bench.phase_config(bench.work / "eo", topic, trigger=sizes.overhead_trigger)
-    expected = bench.table_rows(config)["bronze"]
+def run_steps(
+    bench: Bench,
+    config: Config,
+    topic: str,
+    counts: list[int],
+    seed: int,
+    label: str,
+    bronze_rows: int | None = None,
+) -> list[tuple[int, dict]]:
+    """Each of ``counts`` as one transaction through the pipeline's streams running on ``config``'s lakehouse
+    (one that drained ``topic`` already: ``bronze_rows`` rows, read from the table when None), one at a time,
+    the next once the last has settled in every layer; returns, per step, its record count and the batches
+    each layer ran for it.
+
+    Any lakehouse, local or on S3, with any trigger: the fixed-overhead and storage phases share it.
+    """
+    if not counts or any(count <= 0 for count in counts):
+        raise ValueError(f"run_steps needs positive record counts, got {counts}")
+    if bronze_rows is not None and bronze_rows < 0:
+        raise ValueError(f"bronze_rows must not be negative, got {bronze_rows}")
+    expected = bench.table_rows(config)["bronze"] if bronze_rows is None else bronze_rows
     queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in LAYERS}
     log = ProgressLog(queries)
-    steps = [steady] * sizes.overhead_repeats + [1] * sizes.overhead_repeats
     per_step = []
     try:
-        for step, count in enumerate(steps):
-            say(f"fixed overhead: a {count:,}-record batch through the running streams ({step + 1}/{len(steps)})")
+        for step, count in enumerate(counts):
+            say(f"{label}: a {count:,}-record batch through the running streams ({step + 1}/{len(counts)})")
             log.poll()
             before = {layer: set(log.batches[layer]) for layer in LAYERS}
-            produce_one_transaction(config, topic, count, seed=1000 + step)
+            produce_one_transaction(config, topic, count, seed=seed + step)
             expected += count
-            wait_settled(bench, config, queries, expected)
+
+            def every_layer_ran(before=before) -> bool:
+                log.poll()
+                return all(set(log.batches[layer]) - before[layer] for layer in LAYERS)
+
+            wait_settled(bench, config, queries, expected, ran=every_layer_ran)
             log.poll()
             new = {layer: [p for k, p in log.batches[layer].items() if k not in before[layer]] for layer in LAYERS}
             per_step.append((count, new))
     finally:
         stop_all(queries.values())
+    return per_step
+
+
+def step_batches(per_step: list[tuple[int, dict]], count: int, layer: str) -> list[dict]:
+    """The layer's batch of each step of ``count`` records, the one that carried it: the largest (a
+    steady step can leave a few records, behind the transaction markers, for a second small batch)."""
+    carried = [max(new[layer], key=input_rows) for step_count, new in per_step if step_count == count and new[layer]]
+    if not carried:
+        raise RuntimeError(f"{layer}: no batch seen for the {count:,}-record steps: {per_step}")
+    return carried
+
+
+def measure(bench: Bench, topic: str) -> None:
+    """Continues the drained exactly-once lakehouse of the throughput phase with running streams."""
+    sizes = bench.sizes
+    steady = sizes.steady_batch or bench.kafka.max_offsets_per_trigger
+    config = bench.phase_config(bench.work / "eo", topic, trigger=sizes.overhead_trigger)
+    steps = [steady] * sizes.overhead_repeats + [1] * sizes.overhead_repeats
+    per_step = run_steps(bench, config, topic, steps, seed=1000, label="fixed overhead")
     results = {}
     for layer in LAYERS:
-        # The batch of a step that carried it: the largest (a steady step can leave a
-        # few records, behind the transaction markers, for a second small batch).
-        full = [max(new[layer], key=input_rows) for count, new in per_step if count == steady and new[layer]]
-        single = [max(new[layer], key=input_rows) for count, new in per_step if count == 1 and new[layer]]
-        if not full or not single:
-            raise RuntimeError(f"{layer}: no batch seen for some fixed-overhead step: {per_step}")
+        full, single = step_batches(per_step, steady, layer), step_batches(per_step, 1, layer)
         one, full_ms = median_durations(single), median_durations(full)
         results[layer] = {
             "steady_ms": full_ms,

@@ -1,4 +1,4 @@
-"""The bench environment: a private broker and topics, a SparkSession, per-phase configs, the real streams.
+"""The bench environment: a private broker, S3 server and topics, a SparkSession, per-phase configs, the real streams.
 
 Every measurement module takes a started :class:`Bench` and records its figures with ``Bench.add``.
 """
@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from ..pipeline.config import LOCAL_BOOTSTRAP, SASL_KEYS, TLS_KEYS, Config, duration_seconds
@@ -17,6 +19,14 @@ from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
 from ..pipeline.delta.writes import Delivery
 from .report import Metric, Target
 from .sizes import Sizes
+
+# What ``s3.prepare`` sets in this process's environment for the JVM; put back as they were by ``Bench.stop``.
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Per-bucket S3A settings (``fs.s3a.bucket.<bucket>.<key>``) of the bench's bucket in a session the bench did not start.
+S3A_BUCKET_PREFIX = "fs.s3a.bucket."
+# SIGTERM to SIGKILL of the private S3 server: its data goes with the work directory, so the ~15 s
+# of SeaweedFS's orderly exit buys nothing.
+S3_STOP_TIMEOUT_S = 0.5
 
 # Per-batch phases Spark reports in StreamingQueryProgress.durationMs.
 DURATION_KEYS = (
@@ -159,7 +169,7 @@ class ProgressLog:
 
 
 class Bench:
-    """One benchmark run's broker, Spark, topics and results; ``start`` before use, ``stop`` after."""
+    """One benchmark run's broker, S3 server, Spark, topics and results; ``start`` before use, ``stop`` after."""
 
     def __init__(self, config: Config, sizes: Sizes, work: Path):
         if not isinstance(config, Config) or not isinstance(sizes, Sizes):
@@ -168,6 +178,10 @@ class Bench:
         self.sizes = sizes
         self.work = Path(work)
         self.broker = None
+        self.s3_server = None
+        self.s3_root: str | None = None  # s3a://bucket/bench: the storage phase's S3 lakehouses go under it
+        self.s3_bucket_settings: list[str] = []  # their names, set in a session the bench did not start
+        self.saved_environ: dict[str, str | None] = {}
         self.spark = None
         self.own_spark = False
         self.kafka = None
@@ -179,6 +193,7 @@ class Bench:
         from pyspark.sql import SparkSession
 
         from ..devtools.kafka_local import LocalKafka
+        from ..devtools.s3_local import LocalS3
         from ..pipeline.spark import build_spark
 
         kafka = self.base_config.kafka
@@ -195,28 +210,117 @@ class Bench:
                     "ssl_endpoint_identification": True,
                 }
             )
+        # One server after the other: each picks free ports, then binds them, and a server starting
+        # meanwhile (SeaweedFS opens many connections) may take one of them first.
+        say("starting a private S3 server (SeaweedFS)")
+        self.s3_server = LocalS3(self.work / "s3")
+        s3_endpoint = self.s3_server.start()
         batch = self.sizes.max_offsets_per_trigger or kafka.max_offsets_per_trigger
         self.kafka = kafka.model_copy(update={"starting_offsets": "earliest", "max_offsets_per_trigger": batch})
-        say("starting Spark")
         self.own_spark = SparkSession.getActiveSession() is None
+        # Before Spark: the JVM inherits the server's credentials from this process's environment.
+        packages, s3_conf = self._s3_lakehouse(s3_endpoint)
+        say("starting Spark")
         self.spark = build_spark(
             "bench",
             master=self.base_config.spark_master,
             shuffle_partitions=self.base_config.shuffle_partitions,
             ui_enabled=False,
             # Only this driver's own settings: the pipeline runs with the project's configuration.
-            extra_conf={"spark.sql.streaming.numRecentProgressUpdates": "1000"},
+            extra_conf={**s3_conf, "spark.sql.streaming.numRecentProgressUpdates": "1000"},
+            extra_packages=packages,
         )
         if self.own_spark:
             self.spark.sparkContext.setLogLevel("ERROR")
+        else:
+            self._s3_in_running_session()
+
+    def _s3_lakehouse(self, endpoint: str) -> tuple[list[str], dict[str, str]]:
+        """``s3_root`` on the private S3 server at ``endpoint``, the server's credentials in this process's
+        environment (``s3.prepare``, which probes the root too); returns the Maven packages and Spark settings
+        the session needs from its start for it (S3A, the conditional-write log store, the endpoint).
+
+        A session already running in this process (a test suite's) cannot take them any more: the bench's
+        lakehouse then goes to a bucket of its own, set up by ``_s3_in_running_session``.
+        """
+        from ..devtools.s3_local import BUCKET, REGION
+        from ..pipeline import s3
+
+        bucket = BUCKET
+        if not self.own_spark:
+            bucket = f"bench-{uuid.uuid4().hex[:12]}"
+            credentials = s3.read_credentials_file(self.s3_server.credentials_file)
+            status, _, body = s3.s3_request("PUT", f"{endpoint}/{bucket}", credentials, region=REGION)
+            if status != 200:
+                raise RuntimeError(f"the bench's S3 server refused bucket {bucket}: HTTP {status} {body[:300]!r}")
+        section = self.base_config.s3.model_copy(
+            update={
+                "endpoint": endpoint,
+                "region": REGION,
+                "path_style_access": True,
+                "credentials_file": str(self.s3_server.credentials_file),
+            }
+        )
+        self.s3_root = f"{s3.SCHEME}{bucket}/bench"
+        config = self.base_config.model_copy(update={"lakehouse_root": self.s3_root, "s3": section})
+        self.saved_environ = {name: os.environ.get(name) for name in CREDENTIAL_VARIABLES}
+        s3.prepare(config)
+        return s3.session_options(config) if self.own_spark else ([], {})
+
+    def _s3_in_running_session(self) -> None:
+        """Point the bench's bucket at its server in a session started before the bench.
+
+        Its JVM kept the environment of its start (no credentials of this server) and may hold S3A settings
+        and a cached filesystem of another server for bucket `lakehouse`: so per-bucket settings of a bucket
+        of the bench's own, credentials included, in the session's Hadoop configuration (never in Spark's
+        configuration, which Spark writes to event logs). S3A and the log store must be there from its start.
+        """
+        from ..devtools.s3_local import REGION
+        from ..pipeline import s3
+
+        conf = self.spark.sparkContext.getConf()
+        if "hadoop-aws" not in (conf.get("spark.jars.packages") or "") or (
+            conf.get("spark.delta.logStore.s3a.impl") != s3.LOG_STORE_CLASS
+        ):
+            raise RuntimeError(
+                "the running SparkSession was started without S3A and the S3 log store: start it with "
+                "pipeline.s3.connector_options (as tests/conftest.py does), or let the bench start its own"
+            )
+        bucket, _ = s3.bucket_and_prefix(self.s3_root)
+        access_key, secret_key = s3.read_credentials_file(self.s3_server.credentials_file)
+        settings = {
+            "endpoint": self.s3_server.endpoint,
+            "endpoint.region": REGION,
+            "path.style.access": "true",
+            "access.key": access_key,
+            "secret.key": secret_key,
+        }
+        hadoop = self.spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in settings.items():
+            name = f"{S3A_BUCKET_PREFIX}{bucket}.{key}"
+            hadoop.set(name, value)
+            self.s3_bucket_settings.append(name)
 
     def stop(self, keep: bool) -> None:
         if self.spark is not None:
             stop_all(self.spark.streams.active)
             if self.own_spark:
                 self.spark.stop()
+        for name, value in self.saved_environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if keep:
+            if self.s3_server is not None:
+                say(f"kept the S3 server at {self.s3_server.endpoint} (credentials: {self.s3_server.credentials_file})")
             return
+        if self.spark is not None and not self.own_spark:
+            hadoop = self.spark.sparkContext._jsc.hadoopConfiguration()
+            for name in self.s3_bucket_settings:
+                hadoop.unset(name)
+        if self.s3_server is not None:
+            self.s3_server.stop(timeout=S3_STOP_TIMEOUT_S)
         if self.broker is not None:
             self.broker.stop()
         elif self.topics:
@@ -234,8 +338,9 @@ class Bench:
         except Exception as error:  # noqa: BLE001 - cleanup is best effort
             say(f"could not delete the benchmark topics {self.topics}: {error}")
 
-    def phase_config(self, root: Path, topic: str, trigger: str | None = None) -> Config:
-        """The pipeline config of one phase: its own lakehouse ``root``, one ``topic``, the bench's broker."""
+    def phase_config(self, root: Path | str, topic: str, trigger: str | None = None) -> Config:
+        """The pipeline config of one phase: its own lakehouse ``root`` (a directory, or an ``s3a://`` URI under
+        ``s3_root``), one ``topic``, the bench's broker."""
         if self.kafka is None:
             raise RuntimeError("Bench.start() first")
         if not topic:

@@ -27,6 +27,8 @@ class Sizes:
     steady_batch: int | None  # fixed-overhead steady-state batch (default: the bronze batch size)
     overhead_repeats: int
     overhead_trigger: str
+    storage_records: int  # backlog the storage phase drains into a local-disk and into an S3 lakehouse
+    storage_turns: int  # drains into each storage, taking turns; as many one-record batches through each
     latency_rate: int  # records/s produced while latency is measured
     latency_seconds: float
     latency_trigger: str | None  # default: pipeline.trigger_interval
@@ -51,6 +53,8 @@ class Sizes:
             "gold_table_commits",
             "merge_repeats",
             "overhead_repeats",
+            "storage_records",
+            "storage_turns",
             "latency_rate",
             "latency_seconds",
             "marker_every_s",
@@ -92,6 +96,8 @@ DEFAULT_SIZES = Sizes(
     steady_batch=None,
     overhead_repeats=3,
     overhead_trigger="1 second",
+    storage_records=200_000,
+    storage_turns=2,
     latency_rate=2_000,
     latency_seconds=60.0,
     latency_trigger=None,
@@ -116,6 +122,8 @@ QUICK_SIZES = Sizes(
     steady_batch=None,
     overhead_repeats=2,
     overhead_trigger="1 second",
+    storage_records=2_000,
+    storage_turns=1,
     latency_rate=500,
     latency_seconds=15.0,
     latency_trigger="2 seconds",
