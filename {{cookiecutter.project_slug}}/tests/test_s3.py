@@ -13,7 +13,9 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
+import pyspark
 import pytest
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import pick_ports
@@ -21,7 +23,7 @@ from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file
+from {{ cookiecutter.package_name }}.pipeline.s3 import LOG_STORE_JAR, read_credentials_file
 
 # One worker runs this file (make test uses two), beside the session's S3 server.
 pytestmark = pytest.mark.xdist_group("s3")
@@ -31,6 +33,18 @@ pytestmark = pytest.mark.xdist_group("s3")
 def lakehouse_root(s3_lakehouse) -> str:
     """Every lakehouse of this file is on the S3 server, whatever ``--storage`` says."""
     return s3_lakehouse
+
+
+def test_the_session_ships_executors_every_package_jar_and_none_spark_already_has(spark):
+    # The session of tests/conftest.py is built as `run` builds one on S3: packages plus the log
+    # store's jar in spark.jars. Executors fetch exactly the context's jars.
+    shipped = [url.rpartition("/")[2] for url in spark.sparkContext._jsc.sc().listJars().mkString("\n").splitlines()]
+    for needed in ("delta-spark_", "spark-sql-kafka-0-10_", "hadoop-aws-", "awssdk_s3-", LOG_STORE_JAR):
+        assert any(needed in jar for jar in shipped), f"no {needed} among the jars executors fetch: {shipped}"
+    # Ivy names a jar <group>_<artifact>-<version>.jar; pyspark's own are <artifact>-<version>.jar.
+    spark_jars = {jar.name.rpartition("-")[0] for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    duplicates = [jar for jar in shipped if "_" in jar and jar.partition("_")[2].rpartition("-")[0] in spark_jars]
+    assert duplicates == [], "add these to pipeline.spark.PROVIDED_BY_SPARK: Spark has its own"
 
 
 @pytest.mark.parametrize("wrong", ["secret", "bucket", "endpoint", "server"])
