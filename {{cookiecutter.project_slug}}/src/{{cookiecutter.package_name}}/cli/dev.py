@@ -38,7 +38,9 @@ def register(commands) -> None:
     )
     bench_parser.add_argument("--quick", action="store_true", help="a smaller run (under 12 minutes)")
     bench_parser.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
-    bench_parser.add_argument("--keep", action="store_true", help="keep the work directory, broker, S3 server and topics")
+    bench_parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory, broker, S3 server and topics"
+    )
     bench_parser.set_defaults(handler=bench)
 
     setup_parser = commands.add_parser("setup", help="download and cache every JVM jar (Spark packages, Kafka broker)")
