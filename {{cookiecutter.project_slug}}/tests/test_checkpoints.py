@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
@@ -36,6 +36,7 @@ from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, SILVER, STREAMS, Lakehouse, ensure_tables
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_sources
+from {{ cookiecutter.package_name }}.pipeline.kafka.retention import needed_offsets
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
 
 
@@ -579,6 +580,89 @@ def test_a_topic_deleted_and_created_again_is_refused_until_bronze_alone_is_rese
     assert reused, "the new topic's offsets never met the old ones: the scenario did not happen"
     assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
     assert main(["audit"]) == 0
+
+
+def partition_ends(config, topic: str) -> dict[int, int]:
+    """{partition: the offset Kafka will give its next record}, read by a plain consumer."""
+    consumer = Consumer(client_config(config, **{"group.id": f"ends-{time.monotonic_ns()}"}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
+def delete_records_below(config, topic: str, ends: dict[int, int]) -> None:
+    """What retention does, on request: Kafka deletes every record of each partition below ``ends``."""
+    admin = AdminClient(client_config(config))
+    wanted = [TopicPartition(topic, partition, offset) for partition, offset in ends.items()]
+    for future in admin.delete_records(wanted).values():
+        future.result(timeout=30)
+
+
+def test_only_real_offsets_are_needed_earliest_and_latest_name_none():
+    assert needed_offsets('{"events": {"0": 120, "1": -2, "2": -1}, "clicks": {"0": 0}}') == {
+        ("events", 0): 120,
+        ("clicks", 0): 0,
+    }
+    assert needed_offsets(None) == {}
+
+
+@pytest.mark.slow
+def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepted_then_audited_as_lost(
+    spark, pipeline_env, capsys, monkeypatch
+):
+    topic = pipeline_env.kafka.topics[0]
+    read = produce_records(pipeline_env, 30, seed=16)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    before = partition_ends(pipeline_env, topic)
+    produce_records(pipeline_env, 20, seed=17)
+    # Retention deletes them (and, below them, what bronze read) before bronze runs again.
+    deleted = partition_ends(pipeline_env, topic)
+    delete_records_below(pipeline_env, topic, deleted)
+    later = produce_records(pipeline_env, 10, seed=18)
+    gaps = {p: (before[p], deleted[p]) for p in deleted if deleted[p] > before[p]}
+    assert gaps, "no partition lost a record: the scenario did not happen"
+
+    refusal = refused_run(capsys)
+    assert "Kafka no longer holds the records bronze needs next: " in refusal
+    for partition, (start, end) in gaps.items():
+        assert f"{topic}[{partition}] offsets {start}-{end - 1} ({end - start})" in refusal
+    assert "checkpoints accept-loss" in refusal
+    assert main(["checkpoints", "accept-loss"]) == 3, "not a terminal: accepting a loss needs --yes"
+    assert "without confirmation" in capsys.readouterr().err
+    assert main(["checkpoints", "accept-loss", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    # The oracle is what was produced: what bronze read before the deletion and what came after it, once each.
+    produced = [json.loads(value)["event_id"] for _, value in read + later]
+    silver = load(spark, pipeline_env, SILVER).select("event_id").collect()
+    assert sorted(row.event_id for row in silver) == sorted(produced)
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
+    lost = sum(end - start for start, end in gaps.values())
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
+    assert main(["checkpoints", "accept-loss", "--yes"]) == 0
+    assert "nothing to accept" in capsys.readouterr().out
+
+    # With kafka.fail_on_data_loss off, Spark skips them by itself: bronze records them, never silently.
+    monkeypatch.setenv("KAFKA_FAIL_ON_DATA_LOSS", "false")
+    start = partition_ends(pipeline_env, topic)
+    produce_records(pipeline_env, 20, seed=19)
+    end = partition_ends(pipeline_env, topic)
+    delete_records_below(pipeline_env, topic, end)
+    last = produce_records(pipeline_env, 5, seed=20)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    produced += [json.loads(value)["event_id"] for _, value in last]
+    silver = load(spark, pipeline_env, SILVER).select("event_id").collect()
+    assert sorted(row.event_id for row in silver) == sorted(produced)
+    lost += sum(end[p] - start[p] for p in end)
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`checkpoints list` and `checkpoints reset`: each stream's checkpoint against its tables, and the exact way back."""
+"""`checkpoints list`, `reset` and `accept-loss`: each stream's checkpoint against its tables, and the way back."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import json
 import sys
 from collections.abc import Callable
 
+from ..pipeline import bronze as bronze_layer
 from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
 from ..pipeline.config import Config, duration_seconds
 from ..pipeline.delta.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
 from ..pipeline.egress import configured, installed_names
 from ..pipeline.egress import stream as egress_stream
+from ..pipeline.kafka import retention
 from ..pipeline.recovery import checkpoints, rebuild
 from ..pipeline.recovery.lease import LeaseHeld, holding, read_lease
 from ..pipeline.refusals import Refusal
-from .connect import spark_session
+from .connect import connect, spark_session
 from .exit_codes import ExitCode
 
 
@@ -34,6 +36,17 @@ def register(commands) -> None:
     reset.set_defaults(
         handler=lambda config, args: reset_checkpoints(
             config, args.stream, args.yes, lambda: spark_session(config, "checkpoints"), args.only
+        )
+    )
+
+    accept = actions.add_parser(
+        "accept-loss",
+        help="record the records Kafka deleted before bronze read them as lost; bronze resumes after them",
+    )
+    accept.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    accept.set_defaults(
+        handler=lambda config, args: accept_loss(
+            connect(config), args.yes, lambda resolved: spark_session(resolved, "checkpoints")
         )
     )
 
@@ -159,4 +172,45 @@ def reset_checkpoints(
             f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}; its stream goes on "
             f"from the next {each.source} version"
         )
+    return ExitCode.OK
+
+
+def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object]) -> int:
+    """Accept the records Kafka deleted before bronze read them: record them on bronze as lost (the audit
+    reports them), then start bronze's checkpoint anew after them. Asks on a terminal, needs ``yes`` otherwise.
+
+    Nothing to accept (Kafka holds every record bronze needs next) changes nothing. Refuses (exit 3) while
+    bronze runs, and when another cluster answers or a topic was created again (their own refusal).
+
+    Example::
+
+        accept_loss(config, yes=True, make_spark=lambda config: spark)  # 0
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    spark = make_spark(config)
+    ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    way_out = "Then run `checkpoints accept-loss` again."
+    try:
+        # Held throughout: bronze cannot start between finding the gaps and restarting after them.
+        with holding(spark, lakehouse, ["bronze"], way_out=way_out, ttl_s=ttl_s):
+            gaps = bronze_layer.gaps_at_start(spark, config, lakehouse)
+            if not gaps:
+                print("nothing to accept: Kafka still holds every record bronze needs next")
+                return ExitCode.OK
+            described = "; ".join(gap.describe() for gap in gaps)
+            what = f"record {described} as lost on bronze and start bronze's checkpoint anew after them"
+            if not yes:
+                if not sys.stdin.isatty():
+                    print(Refusal.LOSS_UNCONFIRMED.message("bronze", what=what), file=sys.stderr)
+                    return ExitCode.REFUSED
+                answer = input(f"Kafka deleted records bronze never read.\nThis will {what}.\nType 'yes' to go on: ")
+                if answer.strip().lower() != "yes":
+                    print("nothing accepted")
+                    return ExitCode.FAILED
+            retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_COMMAND)
+            pipeline_streams.reset(spark, lakehouse, [STREAMS["bronze"]], config.gold_window, config=config)
+    except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
+        print(f"refusing to accept lost records: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(f"recorded as lost on bronze: {described}; bronze resumes after them")
     return ExitCode.OK

@@ -8,8 +8,9 @@ the same name is refused, see ``kafka/identity.py``). The sink is an append tagg
 (stream id, batch id): a replayed batch finds its tag committed and appends nothing.
 
 The guards of this layer: a subscription changed in a way Spark's source would stop on at every
-start (``check_subscription``), and a lost checkpoint, after which bronze resumes after the
-offsets it holds (``resume_offsets``).
+start (``check_subscription``); a lost checkpoint, after which bronze resumes after the offsets it
+holds (``resume_offsets``); and records Kafka deleted before bronze read them, refused or recorded
+at every start (``check_retained``, see ``kafka/retention.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config
-from .delta.tables import BRONZE, Lakehouse
+from .delta import files
+from .delta.tables import BRONZE, Lakehouse, read_properties, set_properties, table_has_rows
 from .delta.writes import append_idempotent
+from .kafka import retention
 from .kafka.clients import earliest_offsets, spark_source_options, topic_partitions
 from .kafka.identity import SourceGuard
 from .recovery import checkpoints
@@ -36,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # Kafka's "earliest" in a startingOffsets JSON.
 EARLIEST = -2
+# Where bronze's first checkpoint began reading each partition (JSON: topic, topic id, partition, offset).
+# Records before it were never bronze's to read (kafka.starting_offsets = "latest"): the audit starts there.
+FIRST_OFFSETS = "lakehouse.bronze.first_offsets"
 
 
 def bronze_records(kafka_rows: DataFrame) -> DataFrame:
@@ -81,14 +87,21 @@ def stream_writer(
     options = spark_source_options(config)
     resuming = checkpoints.last_planned_batch(spark, lakehouse.checkpoint("bronze")) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+    first_start = not resuming and not prepared.lost_checkpoint
+    needed = checkpoints.committed_offsets(spark, lakehouse.checkpoint("bronze")) if resuming else None
     if prepared.lost_checkpoint:
         options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
+        needed = options["startingOffsets"]
+    check_retained(spark, config, lakehouse, needed, sources.recorded_ids)
     bronze_path = lakehouse.table(BRONZE)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         # Asked before each batch: a topic created again since the start is refused before anything is written.
-        identified = with_topic_ids(rows, sources.topic_ids())
+        topic_ids = sources.topic_ids()
+        identified = with_topic_ids(rows, topic_ids)
+        if first_start and batch_id == 0:
+            record_first_offsets(rows.sparkSession, lakehouse, topic_ids)
         with crash_points(rows.sparkSession, "bronze", batch_id):
             check_held(lakehouse, "bronze")
             append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
@@ -132,10 +145,91 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
     )
 
 
+def check_retained(
+    spark: SparkSession, config: Config, lakehouse: Lakehouse, needed: str | None, topic_ids: dict[str, str]
+) -> None:
+    """Refuse bronze when Kafka deleted records it needs next (``needed``: a startingOffsets JSON), or record
+    them as lost when ``kafka.fail_on_data_loss`` is off; never let them go without a word.
+
+    Example::
+
+        check_retained(spark, config, lakehouse, '{"events": {"0": 120}}', {"events": "Xh1..."})  # or CheckpointError
+    """
+    gaps = retention.find_gaps(config, retention.needed_offsets(needed), topic_ids)
+    if not gaps:
+        return
+    described = "; ".join(gap.describe() for gap in gaps)
+    if config.kafka.fail_on_data_loss:
+        raise checkpoints.CheckpointError(Refusal.SOURCE_RECORDS_LOST.message("bronze", gaps=described))
+    retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_SETTING)
+    log.warning("bronze: Kafka deleted records before bronze read them, recorded as lost on bronze: %s", described)
+
+
+def record_first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> None:
+    """Record on bronze where its first checkpoint began reading each partition (``FIRST_OFFSETS``); a
+    partition recorded already keeps its first offset.
+
+    Spark's Kafka source resolves its starting offsets once and keeps them in the checkpoint
+    (``sources/0/0``: a zero byte, a version line, the offsets JSON), so a start at "latest" is known
+    exactly, whenever its first batch runs.
+    """
+    text = files.read_text(spark, f"{lakehouse.checkpoint('bronze')}/sources/0/0")
+    if not text:
+        return
+    started = retention.needed_offsets(text.lstrip("\x00").partition("\n")[2])
+    entries = json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
+    known = {(entry["topic"], entry["topic_id"], entry["partition"]) for entry in entries}
+    new = [
+        {"topic": topic, "topic_id": topic_ids.get(topic, ""), "partition": partition, "offset": offset}
+        for (topic, partition), offset in sorted(started.items())
+        if (topic, topic_ids.get(topic, ""), partition) not in known
+    ]
+    if new:
+        set_properties(spark, lakehouse.table(BRONZE), {FIRST_OFFSETS: json.dumps([*entries, *new])})
+
+
+def first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> dict[tuple[str, int], int]:
+    """Where bronze's first checkpoint began reading each partition of the topics' incarnations ``topic_ids``.
+
+    Example::
+
+        first_offsets(spark, Lakehouse("/data/lake"), {"events": "Xh1..."})  # {("events", 0): 5120}
+    """
+    entries = json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
+    return {
+        (entry["topic"], entry["partition"]): entry["offset"]
+        for entry in entries
+        if topic_ids.get(entry["topic"]) == entry["topic_id"]
+    }
+
+
+def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> list[retention.Gap]:
+    """What ``check_retained`` would find if bronze started now: the records it needs next that Kafka deleted.
+
+    Refuses (CheckpointError) as a start does when another cluster answers or a topic was created again:
+    offsets of another incarnation say nothing about this one.
+
+    Example::
+
+        gaps_at_start(spark, config, Lakehouse("/data/lake"))  # [Gap("events", "Xh1...", 0, 100, 150)]
+    """
+    checkpoint = lakehouse.checkpoint("bronze")
+    resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
+    sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+    if resuming:
+        needed = checkpoints.committed_offsets(spark, checkpoint)
+    elif table_has_rows(spark, lakehouse.table(BRONZE)):
+        needed = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
+    else:
+        return []
+    return retention.find_gaps(config, retention.needed_offsets(needed), sources.recorded_ids)
+
+
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
     """startingOffsets JSON: the next offset after what bronze holds of each topic's current id, earliest elsewhere.
 
-    Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets.
+    Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets. Where
+    a gap of records Kafka deleted was accepted (``kafka/retention.py``), bronze resumes after the gap.
     """
     ingested = {}
     if topic_ids:
@@ -152,6 +246,14 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
             .agg((F.max("offset") + 1).alias("next_offset"))
             .collect()
         }
+    accepted = {
+        (topic, partition): end
+        for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse).items()
+        if topic_ids.get(topic) == topic_id
+    }
+    for key, end in accepted.items():
+        if key in ingested:
+            ingested[key] = max(ingested[key], end)
     offsets = {
         topic: {str(p): ingested.get((topic, p), EARLIEST) for p in partitions}
         for topic, partitions in topic_partitions(config).items()

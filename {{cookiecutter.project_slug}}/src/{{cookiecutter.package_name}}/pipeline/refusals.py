@@ -73,6 +73,18 @@ def reset_command(stream: str, only: bool = False, command: str | None = None) -
     )
 
 
+def accept_loss_command(command: str | None = None) -> str:
+    """The exact command that accepts the records Kafka deleted before bronze read them (``command``: as above).
+
+    Example::
+
+        accept_loss_command()  # "`<slug> checkpoints accept-loss` (it asks first; add `--yes` ...)"
+    """
+    command = console_command() if command is None else command
+    prefix = f"{command} " if command else ""
+    return f"`{prefix}checkpoints accept-loss` (it asks first; add `--yes` when not on a terminal)"
+
+
 def rebuilds(stream: str) -> str:
     """What a reset of ``stream`` does to the tables, in a sentence."""
     return REBUILDS.get(stream, OTHER_STREAM_REBUILDS)
@@ -83,9 +95,10 @@ class Entry:
     """One refusal: its title in the runbook, what usually causes it, and its two templates.
 
     ``found`` and ``way_out`` are ``str.format`` templates over the facts the refusing code passes,
-    plus ``reset`` (the reset command of the subject), ``reset_only`` (the same with ``--only``) and
-    ``rebuilds`` (what that reset rebuilds). ``egress`` names the egress stream an entry belongs to:
-    a project without that egress never meets it (``ANY_EGRESS``: every egress can meet it).
+    plus ``reset`` (the reset command of the subject), ``reset_only`` (the same with ``--only``),
+    ``rebuilds`` (what that reset rebuilds) and ``accept`` (the command that accepts lost records).
+    ``egress`` names the egress stream an entry belongs to: a project without that egress never meets
+    it (``ANY_EGRESS``: every egress can meet it).
     """
 
     title: str
@@ -242,6 +255,20 @@ class Refusal(Enum):
         "bronze holds and reads an added topic from its first offset; a removed topic's records stay in "
         "bronze, silver and gold go on as they are.",
     )
+    SOURCE_RECORDS_LOST = Entry(
+        title="Records Kafka deleted before bronze read them",
+        happened="bronze fell further behind than the topic's retention, or stopped for longer, or records "
+        'were deleted on request; Spark stops a running bronze on it with "Some data may have been lost '
+        'because they are not available in Kafka any more". Bronze checks at every start',
+        found="Kafka no longer holds the records bronze needs next: {gaps}. They were deleted before bronze "
+        "read them, and nothing can read them again: resuming would stop on them, and skipping them would "
+        "lose them without a word.",
+        way_out="bring them back into the topic if any system still holds them (they then get new offsets, "
+        "above the gap, and bronze reads them as new records), then accept the gap: {accept} records these "
+        "offsets on bronze, where the audit reports them as lost, and starts bronze's checkpoint anew after "
+        "them; silver, gold and every record already in bronze stay as they are. Keep it from happening "
+        "again: give the topic a retention longer than bronze's longest stop.",
+    )
     LEASE_HELD = Entry(
         title="Another process runs this stream",
         happened="the stream runs elsewhere (a deploy overlap), or its holder on another host died less than "
@@ -280,6 +307,14 @@ class Refusal(Enum):
         found="refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so nothing "
         "can ask.",
         way_out="run `checkpoints reset {target} --yes` to do it.",
+        prefixed=False,
+    )
+    LOSS_UNCONFIRMED = Entry(
+        title="Lost records nobody confirmed accepting",
+        happened="`checkpoints accept-loss` ran where nothing can ask (not on a terminal) without `--yes`",
+        found="refusing to accept lost records without confirmation: this would {what}. Not on a terminal, so "
+        "nothing can ask.",
+        way_out="run `checkpoints accept-loss --yes` to do it.",
         prefixed=False,
     )
     KAFKA_MARKER_AHEAD = Entry(
@@ -378,6 +413,7 @@ class Refusal(Enum):
             "reset": reset_command(stream),
             "reset_only": reset_command(stream, only=True),
             "rebuilds": rebuilds(stream),
+            "accept": accept_loss_command(),
             **facts,
         }
         missing = self.entry.fields() - set(given)
@@ -412,6 +448,7 @@ def runbook(installed_egress: Iterable[str] = ()) -> str:
     commands = {
         "reset": reset_command("<stream>", command=""),
         "reset_only": reset_command("<stream>", only=True, command=""),
+        "accept": accept_loss_command(command=""),
         "rebuilds": "the stream's tables are rebuilt as [Resetting a stream](#resetting-a-stream) says",
     }
     in_code: Mapping[str, str] = _Placeholders(quoted=False, **commands)

@@ -13,7 +13,9 @@ A bound (the last N bronze batches, or records since a time) keeps it cheap on a
 large lakehouse: Kafka is read over that range only, the tables are read through
 filters their statistics prune on, and gold over the windows those records touch.
 On a compacted topic, a bronze record Kafka no longer has is accounted for when a
-later record has its key, or when it is a tombstone.
+later record has its key, or when it is a tombstone. Records Kafka deleted before
+bronze read them cannot be read from anywhere: the audit reports the offsets
+someone accepted as lost (kafka/retention.py) as a warning.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..contract import EVENTS, WINDOW_START, Contract
 from ..delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from ..egress import GOLD_VERSION, configured
 from ..gold import window_aggregates
+from ..kafka import retention
 from ..kafka.clients import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
 from ..monitoring import QUARANTINE_ALERT_SHARE
 from ..silver import first_per_kafka_record, parse_events, quarantined_records, valid_events
@@ -135,6 +138,11 @@ def run_audit(
         kafka_log_start=cut.kafka_log_start,
     )
     report.cut = cut.as_dict()
+    lost = retention.lost_offsets(spark, lakehouse)
+    if lost:
+        # Kafka deleted them before bronze read them, and someone accepted it (kafka/retention.py): reported
+        # as offsets, since the records are gone and some offsets were transaction markers.
+        report.warnings["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] = lost
     if not gold_exact:
         # Delta split a silver version over gold batches (maxFilesPerTrigger): gold holds part of it.
         report.warnings["gold_not_audited_its_last_batch_ended_inside_a_silver_version"] = 1

@@ -1,0 +1,155 @@
+"""Records Kafka deleted before bronze read them: found at every bronze start, refused or recorded, never silent.
+
+Kafka deletes a partition's oldest records by retention (time or size) or on request (DeleteRecords).
+A bronze that falls further behind than that, or that was stopped for longer, needs next an offset
+below the partition's first one: those records are gone. Spark's source stops on it, mid-run ("Some
+data may have been lost because they are not available in Kafka any more") and at every start after;
+with ``kafka.fail_on_data_loss = false`` it skips them without a word. And the audit reads Kafka as it
+is now, so it cannot see records that are no longer there.
+
+Bronze therefore compares, at every start, the next offset it needs in each partition (after its
+checkpoint's last committed batch, or, starting without a checkpoint, after the offsets it holds) with
+the first offset Kafka still holds:
+
+* with ``kafka.fail_on_data_loss`` (the default) a gap is refused (``Refusal.SOURCE_RECORDS_LOST``),
+  naming each partition and its offsets, with the way out ``checkpoints accept-loss``: it records the
+  gaps on bronze, then starts bronze's checkpoint anew after them;
+* without it, the gaps are recorded as accepted by that setting, and bronze goes on. Only the gaps
+  found at a start: records deleted while bronze runs are skipped by Spark without a record (one
+  more reason to keep the setting on).
+
+The record is a property of the bronze table (``PROPERTY``, JSON): one entry per gap, with the topic, its
+id, the partition, the offsets [start, end), and when and by what it was accepted. The audit reports
+them. Offsets, not records: in a transactional topic some offsets are transaction markers, and the
+records themselves are gone, so no one can count them.
+
+Gaps between the offsets Kafka still holds (transaction markers, aborted records, compaction) are not
+losses, and are not looked for here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+
+from ..config import Config
+from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
+from .clients import earliest_offsets
+
+PROPERTY = "lakehouse.bronze.lost_offsets"
+# What accepted a gap: the operator's command, or the setting that lets Spark skip lost records.
+ACCEPTED_BY_COMMAND = "checkpoints accept-loss"
+ACCEPTED_BY_SETTING = "kafka.fail_on_data_loss = false"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Offsets [start, end) of one partition of one topic incarnation that Kafka deleted before bronze read them."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    start: int
+    end: int
+
+    def __post_init__(self):
+        if self.start < 0 or self.end <= self.start:
+            raise ValueError(f"a gap needs 0 <= start < end, got [{self.start}, {self.end})")
+
+    @property
+    def offsets(self) -> int:
+        return self.end - self.start
+
+    def describe(self) -> str:
+        """In words, e.g. "events[0] offsets 100-149 (50)"."""
+        return f"{self.topic}[{self.partition}] offsets {self.start}-{self.end - 1} ({self.offsets})"
+
+
+def needed_offsets(offsets_json: str | None) -> dict[tuple[str, int], int]:
+    """The next offset a stream needs in each partition, from a Spark Kafka offsets JSON; "earliest" and
+    "latest" (negative) name no offset and are left out.
+
+    Example::
+
+        needed_offsets('{"events": {"0": 120, "1": -2}}')  # {("events", 0): 120}
+    """
+    if not offsets_json:
+        return {}
+    parsed = json.loads(offsets_json)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"not a Kafka offsets JSON: {offsets_json!r}")
+    return {
+        (topic, int(partition)): int(offset)
+        for topic, partitions in parsed.items()
+        for partition, offset in partitions.items()
+        if int(offset) >= 0
+    }
+
+
+def find_gaps(config: Config, needed: dict[tuple[str, int], int], topic_ids: dict[str, str]) -> list[Gap]:
+    """The partitions whose next needed offset Kafka no longer holds, as gaps up to its first offset.
+
+    ``topic_ids``: each topic's id as bronze recorded it (the incarnation the offsets belong to).
+
+    Example::
+
+        find_gaps(config, {("events", 0): 100}, {"events": "Xh1..."})  # [Gap("events", "Xh1...", 0, 100, 150)]
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a pipeline Config, not {type(config).__name__}")
+    if not needed:
+        return []
+    firsts = earliest_offsets(config, sorted({topic for topic, _ in needed}))
+    return [
+        Gap(topic, topic_ids.get(topic, ""), partition, offset, firsts[(topic, partition)])
+        for (topic, partition), offset in sorted(needed.items())
+        if firsts.get((topic, partition), 0) > offset
+    ]
+
+
+def recorded(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
+    """Every gap recorded on bronze, oldest first: topic, topic_id, partition, start, end, accepted_at, accepted_by."""
+    text = read_properties(spark, lakehouse.table(BRONZE)).get(PROPERTY)
+    return json.loads(text) if text else []
+
+
+def accepted_ends(spark: SparkSession, lakehouse: Lakehouse) -> dict[tuple[str, str, int], int]:
+    """Per (topic, topic id, partition): the end of the last gap recorded, where bronze resumes at the earliest."""
+    ends: dict[tuple[str, str, int], int] = {}
+    for gap in recorded(spark, lakehouse):
+        key = (gap["topic"], gap["topic_id"], gap["partition"])
+        ends[key] = max(ends.get(key, 0), gap["end"])
+    return ends
+
+
+def record(spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_by: str) -> list[Gap]:
+    """Record ``gaps`` on bronze in one commit, leaving out the offsets recorded already; returns what was new.
+
+    Example::
+
+        record(spark, lakehouse, [Gap("events", "Xh1...", 0, 100, 150)], ACCEPTED_BY_COMMAND)
+    """
+    if accepted_by not in (ACCEPTED_BY_COMMAND, ACCEPTED_BY_SETTING):
+        raise ValueError(f"accepted_by must be {ACCEPTED_BY_COMMAND!r} or {ACCEPTED_BY_SETTING!r}")
+    if any(not isinstance(gap, Gap) for gap in gaps):
+        raise TypeError("gaps must be retention.Gap values")
+    ends = accepted_ends(spark, lakehouse)
+    new = []
+    for gap in gaps:
+        start = max(gap.start, ends.get((gap.topic, gap.topic_id, gap.partition), 0))
+        if start < gap.end:
+            new.append(Gap(gap.topic, gap.topic_id, gap.partition, start, gap.end))
+    if new:
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        added = [{**asdict(gap), "accepted_at": at, "accepted_by": accepted_by} for gap in new]
+        entries = [*recorded(spark, lakehouse), *added]
+        set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: json.dumps(entries, separators=(",", ":"))})
+    return new
+
+
+def lost_offsets(spark: SparkSession, lakehouse: Lakehouse) -> int:
+    """How many offsets the recorded gaps span (what the audit reports as lost)."""
+    return sum(gap["end"] - gap["start"] for gap in recorded(spark, lakehouse))
