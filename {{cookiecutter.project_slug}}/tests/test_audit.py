@@ -242,3 +242,24 @@ def test_a_bounded_audit_reads_only_its_range_and_finds_a_loss_there_but_not_out
     capsys.readouterr()
     assert main(["audit", "--last-batches", "1"]) == 2
     assert "bronze's offset log keeps batches 1 to 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_audit_after_a_start_at_latest_checks_from_where_bronze_began_not_before(
+    spark, pipeline_env, capsys, monkeypatch
+):
+    config = pipeline_env
+    monkeypatch.setenv("KAFKA_STARTING_OFFSETS", "latest")
+    produce_events(config, 30, seed=4)
+    # Nothing after "latest" yet: the stream starts, keeps where it began in its checkpoint, and stops.
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    after = produce_events(config, 20, seed=5)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    silver = spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(SILVER)).select("event_id")
+    assert {row.event_id for row in silver.collect()} == event_ids(after)
+
+    # The 30 records before the start were never bronze's to read: not missing, not audited.
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"]["kafka_committed_records"] == 20, report

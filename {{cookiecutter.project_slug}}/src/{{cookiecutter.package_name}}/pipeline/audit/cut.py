@@ -16,6 +16,9 @@ consumed, and checks:
 Streams are read downstream first, so that a table read later holds everything a
 stream read before it was made from. A bound (the last N bronze batches, or records
 since a time) narrows the Kafka range, and with it every check, to those records.
+Unbounded, each partition is audited from where bronze's first checkpoint began
+reading it (``bronze.first_offsets``; after a start at "latest", the records before
+were never bronze's), or from Kafka's first record.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..bronze import first_offsets
 from ..config import Config
 from ..contract import Contract
 from ..delta.tables import STREAMS, Lakehouse
 from ..kafka.clients import offsets_for_time, watermark_offsets
+from ..kafka.identity import recorded_sources
 from ..recovery import checkpoints, rebuild
 from ..recovery.sink_progress import read_sink_progress
 
@@ -202,12 +207,13 @@ def take_cut(
     # A topic created again, or emptied by retention, may hold less than the checkpoint read.
     marks = watermark_offsets(config, sorted({topic for topic, _ in kafka_end}))
     kafka_end = {tp: min(end, marks[tp][1]) for tp, end in kafka_end.items() if tp in marks}
+    log_start = {tp: marks[tp][0] for tp in kafka_end}
     return Cut(
         versions=versions,
         batches=batches,
-        kafka_start=_kafka_start(spark, config, lakehouse, bound, bronze_batch, kafka_end),
+        kafka_start=_kafka_start(spark, config, lakehouse, bound, bronze_batch, kafka_end, log_start),
         kafka_end=kafka_end,
-        kafka_log_start={tp: marks[tp][0] for tp in kafka_end},
+        kafka_log_start=log_start,
         silver_read=silver_read,
         gold_read=gold_read,
         egress_read=egress_read,
@@ -261,11 +267,15 @@ def _kafka_start(
     bound: Bound,
     bronze_batch: int | None,
     kafka_end: dict[Partition, int],
+    log_start: dict[Partition, int],
 ) -> dict[Partition, int]:
     if bound.since_ms is not None:
         return offsets_for_time(config, sorted(kafka_end), bound.since_ms)
     if bound.last_batches is None or bronze_batch is None or bronze_batch - bound.last_batches < 0:
-        return {}
+        recorded = recorded_sources(spark, lakehouse)
+        first = first_offsets(spark, lakehouse, recorded.topic_ids) if recorded is not None else {}
+        # Once retention deleted records past it, Kafka's first record is where the audit starts, as before.
+        return {tp: offset for tp, offset in first.items() if offset > log_start.get(tp, offset)}
     before = bronze_batch - bound.last_batches
     try:
         start = _kafka_offsets(spark, lakehouse, before)
