@@ -32,9 +32,18 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline.bronze import FIRST_OFFSETS, resume_offsets
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, SILVER, STREAMS, Lakehouse, ensure_tables
-from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
+    BRONZE,
+    GOLD,
+    SILVER,
+    STREAMS,
+    Lakehouse,
+    ensure_tables,
+    set_properties,
+)
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, topic_partitions
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_sources
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import needed_offsets
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
@@ -606,6 +615,21 @@ def test_only_real_offsets_are_needed_earliest_and_latest_name_none():
         ("clicks", 0): 0,
     }
     assert needed_offsets(None) == {}
+
+
+def test_a_lost_checkpoint_resumes_a_partition_bronze_holds_nothing_of_where_bronze_began(spark, config):
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
+    topic = config.kafka.topics[0]
+    ids = SourceGuard.at_start(spark, config, lakehouse, resuming=False).topic_ids()
+    # Bronze's first checkpoint began at offset 7 of partition 0 (a start at "latest"), and read nothing yet.
+    began = [{"topic": topic, "topic_id": ids[topic], "partition": 0, "offset": 7}]
+    set_properties(spark, lakehouse.table(BRONZE), {FIRST_OFFSETS: json.dumps(began)})
+
+    resumed = json.loads(resume_offsets(spark, config, lakehouse, ids))
+
+    # Not from Kafka's first record: what came before offset 7 was never bronze's.
+    assert resumed == {topic: {str(p): 7 if p == 0 else -2 for p in topic_partitions(config)[topic]}}
 
 
 @pytest.mark.slow

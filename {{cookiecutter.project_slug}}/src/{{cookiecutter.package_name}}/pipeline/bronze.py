@@ -226,10 +226,13 @@ def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> 
 
 
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
-    """startingOffsets JSON: the next offset after what bronze holds of each topic's current id, earliest elsewhere.
+    """startingOffsets JSON: the next offset after what bronze holds of each topic's current id; in a partition
+    bronze holds nothing of, where its first checkpoint began reading it (``first_offsets``), else earliest.
 
     Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets. Where
     a gap of records Kafka deleted was accepted (``kafka/retention.py``), bronze resumes after the gap.
+    Where bronze began matters after a start at "latest": the records before it were never bronze's; and
+    after retention, ``check_retained`` then sees what Kafka deleted before bronze read it.
     """
     ingested = {}
     if topic_ids:
@@ -246,16 +249,12 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
             .agg((F.max("offset") + 1).alias("next_offset"))
             .collect()
         }
-    accepted = {
-        (topic, partition): end
-        for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse).items()
-        if topic_ids.get(topic) == topic_id
-    }
-    for key, end in accepted.items():
-        if key in ingested:
-            ingested[key] = max(ingested[key], end)
+    resume = {**first_offsets(spark, lakehouse, topic_ids), **ingested}
+    for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse).items():
+        if topic_ids.get(topic) == topic_id and (topic, partition) in resume:
+            resume[(topic, partition)] = max(resume[(topic, partition)], end)
     offsets = {
-        topic: {str(p): ingested.get((topic, p), EARLIEST) for p in partitions}
+        topic: {str(p): resume.get((topic, p), EARLIEST) for p in partitions}
         for topic, partitions in topic_partitions(config).items()
     }
     return json.dumps(offsets)
