@@ -179,6 +179,12 @@ STREAMS = {
 }
 LAYERS = tuple(STREAMS)
 
+# Files a stream reading a Delta table admits per batch (Delta's maxFilesPerTrigger, 1,000 by default):
+# unlimited, so that a batch never ends inside a version. A version split over batches (a rebuild's
+# overwrite of many files) would leave gold holding part of a silver version, or an egress publishing
+# a delete before the insert that replaces it, and the audit could not check either at that cut.
+WHOLE_VERSIONS = str(2**31 - 1)
+
 
 def with_downstream(stream: str) -> list[Stream]:
     return [STREAMS[name] for name in (stream, *STREAMS[stream].downstream)]

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from ..contract import EVENTS, Contract
 from ..delta import files
-from ..delta.tables import GOLD, Lakehouse, latest_snapshot
+from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, latest_snapshot
 from ..recovery.checkpoints import CheckpointError, committed_offsets
 from ..refusals import Refusal
 from . import GOLD_VERSION
@@ -34,8 +34,6 @@ CHANGE_TYPE, COMMIT_VERSION = "_change_type", "_commit_version"
 # A MERGE's update writes the row before it (preimage) and after it (postimage) in the
 # same version; only the postimage is the window's state.
 STATE_CHANGES = ("insert", "update_postimage", "delete")
-# Files admitted per batch: no gold version is large enough to be split (see the module).
-WHOLE_VERSIONS = str(2**31 - 1)
 
 
 def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
