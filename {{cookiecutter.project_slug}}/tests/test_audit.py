@@ -245,7 +245,7 @@ def test_a_bounded_audit_reads_only_its_range_and_finds_a_loss_there_but_not_out
 
 
 @pytest.mark.slow
-def test_an_audit_after_a_start_at_latest_checks_from_where_bronze_began_not_before(
+def test_an_audit_checks_from_where_bronze_began_and_fails_when_it_cannot_check_gold(
     spark, pipeline_env, capsys, monkeypatch
 ):
     config = pipeline_env
@@ -264,12 +264,6 @@ def test_an_audit_after_a_start_at_latest_checks_from_where_bronze_began_not_bef
     report = json.loads(capsys.readouterr().out)
     assert report["counts"]["kafka_committed_records"] == 20, report
 
-
-@pytest.mark.slow
-def test_an_audit_that_cannot_check_gold_fails_its_verdict_instead_of_passing_it(spark, pipeline_env, capsys):
-    config = pipeline_env
-    produce_events(config, 20, seed=6)
-    assert main(["run", "--layer", "all", "--available-now"]) == 0
     # Gold's last batch as Delta logs one that ended inside a silver version (a version split over
     # batches): gold then holds part of that version, and the audit cannot compare it with silver.
     offsets = Path(Lakehouse(config.lakehouse_root).checkpoint("gold"), "offsets")
@@ -279,8 +273,8 @@ def test_an_audit_that_cannot_check_gold_fails_its_verdict_instead_of_passing_it
     last.write_text("\n".join([version_line, batch_line, json.dumps(inside)]))
     (offsets / f".{last.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the file as Spark wrote it
 
-    capsys.readouterr()
     assert main(["audit", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "FAILED"
-    assert report["errors"]["gold_not_audited_its_last_batch_ended_inside_a_silver_version"] == 1
+    found = {name: count for name, count in report["errors"].items() if count}
+    assert found == {"gold_not_audited_its_last_batch_ended_inside_a_silver_version": 1}
