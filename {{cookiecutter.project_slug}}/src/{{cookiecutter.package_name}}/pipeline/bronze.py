@@ -33,6 +33,7 @@ from .kafka.identity import SourceGuard
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
 from .recovery.lease import check_held
+from .recovery.sink_progress import read_sink_progress
 from .refusals import Refusal
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,12 @@ def stream_writer(
         bronze.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
     options = spark_source_options(config)
-    resuming = checkpoints.last_planned_batch(spark, lakehouse.checkpoint("bronze")) is not None
+    checkpoint = lakehouse.checkpoint("bronze")
+    resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
-    first_start = not resuming and not prepared.lost_checkpoint
-    needed = checkpoints.committed_offsets(spark, lakehouse.checkpoint("bronze")) if resuming else None
+    # Until batch 0 commits (its replay included), this is bronze's first checkpoint starting.
+    first_start = not prepared.lost_checkpoint and checkpoints.last_committed_batch(spark, checkpoint) is None
+    needed = next_offsets(spark, lakehouse, prepared.stream_id) if resuming else None
     if prepared.lost_checkpoint:
         options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
         log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
@@ -170,14 +173,12 @@ def record_first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: d
     partition recorded already keeps its first offset.
 
     Spark's Kafka source resolves its starting offsets once and keeps them in the checkpoint
-    (``sources/0/0``: a zero byte, a version line, the offsets JSON), so a start at "latest" is known
-    exactly, whenever its first batch runs.
+    (``initial_offsets``), so a start at "latest" is known exactly, whenever its first batch runs.
     """
-    text = files.read_text(spark, f"{lakehouse.checkpoint('bronze')}/sources/0/0")
-    if not text:
+    started = retention.needed_offsets(initial_offsets(spark, lakehouse.checkpoint("bronze")))
+    if not started:
         return
-    started = retention.needed_offsets(text.lstrip("\x00").partition("\n")[2])
-    entries = json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
+    entries = _first_offset_entries(spark, lakehouse)
     known = {(entry["topic"], entry["topic_id"], entry["partition"]) for entry in entries}
     new = [
         {"topic": topic, "topic_id": topic_ids.get(topic, ""), "partition": partition, "offset": offset}
@@ -188,6 +189,30 @@ def record_first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: d
         set_properties(spark, lakehouse.table(BRONZE), {FIRST_OFFSETS: json.dumps([*entries, *new])})
 
 
+def next_offsets(spark: SparkSession, lakehouse: Lakehouse, stream_id: str | None) -> str | None:
+    """The offsets JSON a resuming bronze reads Kafka from next: where the last batch bronze holds ended, or,
+    before any, where its checkpoint began.
+
+    The last batch bronze holds is the newer of the last one committed in the checkpoint and the last one
+    the table has from stream ``stream_id``: a batch appended before a crash, and so not yet in the commit
+    log, is replayed without reading Kafka (its append is found done), so its records are not needed again.
+    """
+    checkpoint = lakehouse.checkpoint("bronze")
+    held = read_sink_progress(spark, BRONZE, lakehouse.table(BRONZE), "bronze", stream_id).txn_batch
+    batches = [batch for batch in (checkpoints.last_committed_batch(spark, checkpoint), held) if batch is not None]
+    if not batches:
+        return initial_offsets(spark, checkpoint)
+    return checkpoints.batch_offsets(spark, checkpoint, max(batches))
+
+
+def initial_offsets(spark: SparkSession, checkpoint: str) -> str | None:
+    """The offsets JSON bronze's checkpoint began at, as Spark's Kafka source resolved its startingOffsets
+    (``sources/0/0``: a zero byte, a version line, the JSON); None before a stream started on it.
+    """
+    text = files.read_text(spark, f"{checkpoint}/sources/0/0")
+    return text.lstrip("\x00").partition("\n")[2] if text else None
+
+
 def first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> dict[tuple[str, int], int]:
     """Where bronze's first checkpoint began reading each partition of the topics' incarnations ``topic_ids``.
 
@@ -195,12 +220,15 @@ def first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str
 
         first_offsets(spark, Lakehouse("/data/lake"), {"events": "Xh1..."})  # {("events", 0): 5120}
     """
-    entries = json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
     return {
         (entry["topic"], entry["partition"]): entry["offset"]
-        for entry in entries
+        for entry in _first_offset_entries(spark, lakehouse)
         if topic_ids.get(entry["topic"]) == entry["topic_id"]
     }
+
+
+def _first_offset_entries(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
+    return json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
 
 
 def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> list[retention.Gap]:
@@ -217,7 +245,7 @@ def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> 
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
     if resuming:
-        needed = checkpoints.committed_offsets(spark, checkpoint)
+        needed = next_offsets(spark, lakehouse, checkpoints.read_stream_id(spark, checkpoint, "bronze"))
     elif table_has_rows(spark, lakehouse.table(BRONZE)):
         needed = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
     else:
