@@ -7,9 +7,9 @@ data may have been lost because they are not available in Kafka any more") and a
 with ``kafka.fail_on_data_loss = false`` it skips them without a word. And the audit reads Kafka as it
 is now, so it cannot see records that are no longer there.
 
-Bronze therefore compares, at every start, the next offset it needs in each partition (after its
-checkpoint's last committed batch, or, starting without a checkpoint, after the offsets it holds) with
-the first offset Kafka still holds:
+Bronze therefore compares, at every start, the next offset it needs in each partition (where the last
+batch it holds ended, or where its checkpoint began before any, see ``bronze.next_offsets``; starting
+without a checkpoint, after the offsets it holds) with the first offset Kafka still holds:
 
 * with ``kafka.fail_on_data_loss`` (the default) a gap is refused (``Refusal.SOURCE_RECORDS_LOST``),
   naming each partition and its offsets, with the way out ``checkpoints accept-loss``: it records the
