@@ -3,6 +3,8 @@
 While a transactional producer writes numbered records (most transactions
 committed, every third aborted), the pipeline (`run --layer all`) runs as a
 separate process and is SIGKILLed at seeded random moments, then restarted.
+Most kills land while batches run (a random moment after the run's first batch);
+the rest while it starts (checkpoints, leases and tables being prepared).
 Finally it drains with --available-now, and the runner checks the tables
 against its own ledger of what it committed to Kafka. The checks use none of
 the pipeline's code: Spark only reads the Delta tables, the rest is plain Python.
@@ -284,6 +286,13 @@ def pending_batches(spark, checkpoint_root: str) -> int:
     return pending
 
 
+# A kill's moment: while the run starts, or a random moment after its first batch (most kills).
+STARTING, RUNNING = "starting", "running"
+STARTING_SHARE = 0.25
+# The monitoring listener's line for a finished batch of any stream.
+BATCH_DONE = '"event": "batch_progress"'
+
+
 @dataclass
 class ChaosReport:
     kills: int
@@ -294,6 +303,7 @@ class ChaosReport:
     # Records of egress transactions that a kill left open and Kafka aborted: visible to
     # read_uncommitted consumers only.
     egress_aborted_records: int = 0
+    kills_while_starting: int = 0
 
     @property
     def clean(self) -> bool:
@@ -302,6 +312,8 @@ class ChaosReport:
     def table(self) -> str:
         rows = [
             ("kills", self.kills),
+            ("... while the pipeline started", self.kills_while_starting),
+            ("... after its first batch", self.kills - self.kills_while_starting),
             ("records committed", self.records_committed),
             ("records aborted", self.records_aborted),
             ("batches replayed", self.batches_replayed),
@@ -323,12 +335,17 @@ def run_chaos(
     seed: int,
     records: int,
     logs: Path,
-    kill_window_s: tuple[float, float] = (6.0, 20.0),
+    starting_window_s: tuple[float, float] = (1.0, 8.0),
+    running_window_s: tuple[float, float] = (0.0, 6.0),
+    first_batch_timeout_s: float = 300.0,
 ) -> ChaosReport:
     """Kill and restart the pipeline ``kills`` times while producing, drain, and verify.
 
     ``config`` points at the broker and at a lakehouse of this run only, on a local disk or on S3
     (resolved: no "local" server left to look up); each pipeline run's output goes to a file in ``logs``.
+    A kill while starting comes ``starting_window_s`` after the run was launched; any other comes
+    ``running_window_s`` after the run's first finished batch, whatever its start-up took (more
+    than 20 seconds on S3 under load), so that it lands inside a batch or between two.
     """
     from ..pipeline import s3
     from ..pipeline.config import duration_seconds
@@ -363,16 +380,22 @@ def run_chaos(
         "chaos-verify", config.spark_master, config.shuffle_partitions, extra_conf=conf, extra_packages=packages
     )
     ledger = Ledger()
-    schedule = [rng.uniform(*kill_window_s) for _ in range(kills)]
+    schedule = [
+        (STARTING, rng.uniform(*starting_window_s))
+        if rng.random() < STARTING_SHARE
+        else (RUNNING, rng.uniform(*running_window_s))
+        for _ in range(kills)
+    ]
+    # Spread over about the time the kills take: a restart and a first batch take 10 to 30 seconds.
     producer = threading.Thread(
         target=produce_numbered,
-        args=(client_config(config), topic, run, records, seed, ledger, sum(schedule) * 0.8),
+        args=(client_config(config), topic, run, records, seed, ledger, kills * 12.0),
         daemon=True,
     )
     producer.start()
-    replayed = killed = 0
+    replayed = killed = killed_starting = 0
     logs.mkdir(parents=True, exist_ok=True)
-    for number, delay in enumerate(schedule, 1):
+    for number, (moment, delay) in enumerate(schedule, 1):
         log_path = logs / f"run-{number:03d}.log"
         with log_path.open("w") as log:
             pipeline = subprocess.Popen(
@@ -382,6 +405,8 @@ def run_chaos(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if moment == RUNNING:
+            _wait_for_first_batch(pipeline, log_path, first_batch_timeout_s, number)
         time.sleep(delay)
         if pipeline.poll() is not None:
             # A pipeline that ended before its kill failed on its own: that is a finding, not a kill.
@@ -389,10 +414,13 @@ def run_chaos(
         os.killpg(pipeline.pid, signal.SIGKILL)  # the driver and its JVM, with no warning
         if pipeline.wait() == -signal.SIGKILL:
             killed += 1
+            killed_starting += moment == STARTING
         replayed += pending_batches(spark, f"{config.lakehouse_root}/checkpoints")
     producer.join()
+    # The drain takes the configured batch size: the small batches were for the kills to land between.
+    drain_env = {key: value for key, value in env.items() if key != "KAFKA_MAX_OFFSETS_PER_TRIGGER"}
     drained = subprocess.run(
-        pipeline_command("run", "--layer", "all", "--available-now"), env=env, capture_output=True, text=True
+        pipeline_command("run", "--layer", "all", "--available-now"), env=drain_env, capture_output=True, text=True
     )
     if drained.returncode != 0:
         raise RuntimeError(f"the final drain failed:\n{drained.stderr[-5000:]}")
@@ -427,4 +455,15 @@ def run_chaos(
         anomalies[f"{KAFKA_EGRESS}_records_repeating_a_gold_version"] = repeated_versions(committed)
     report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
     report.egress_aborted_records = egress_aborted if KAFKA_EGRESS in turned_on else 0
+    report.kills_while_starting = killed_starting
     return report
+
+
+def _wait_for_first_batch(pipeline: subprocess.Popen, log_path: Path, timeout_s: float, number: int) -> None:
+    deadline = time.monotonic() + timeout_s
+    while BATCH_DONE not in log_path.read_text(errors="replace"):
+        if pipeline.poll() is not None:
+            raise RuntimeError(f"the pipeline exited with {pipeline.returncode} before kill {number}; see {log_path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {number} finished no batch in {timeout_s:.0f} s; see {log_path}")
+        time.sleep(0.2)
