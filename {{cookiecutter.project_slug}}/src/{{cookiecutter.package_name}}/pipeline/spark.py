@@ -1,9 +1,16 @@
-"""The one place a SparkSession is built: Delta Lake plus the Kafka connector (and S3A for a lakehouse on S3)."""
+"""The one place a SparkSession is built: Delta Lake plus the Kafka connector (and S3A for a lakehouse on S3).
+
+The driver JVM starts from a class-data archive when ``setup`` wrote one (``class_archive.py`` writes
+it; here is where it lives and when a driver uses it).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import pyspark
 from delta import configure_spark_with_delta_pip
@@ -63,6 +70,85 @@ PROVIDED_BY_SPARK = (
     "org.xerial.snappy:snappy-java",
 )
 JAR_EXCLUDES = "spark.jars.excludes"
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# The JVM prints one warning line when it cannot use an archive (written for another JVM build or
+# classpath) and starts without it: that is the intended fallback, not worth a line in a command's output.
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def archive_dir(cache_dir: Path | None = None) -> Path:
+    """The directory of this pyspark installation's class-data archive, in the user's cache.
+
+    One directory per installation (a JVM checks the paths of the jars an archive was written from):
+    two virtual environments on one machine each keep their own.
+
+    Example::
+
+        archive_dir()  # ~/.cache/lakehouse-spark/5d41402abc4b
+    """
+    if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
+        raise TypeError(f"cache_dir must be a path, not {type(cache_dir).__name__}")
+    base = Path(cache_dir or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    installation = hashlib.sha256(str(_pyspark_jars().resolve()).encode()).hexdigest()[:12]
+    return base / "lakehouse-spark" / installation
+
+
+def archive_name(size: int) -> str:
+    """An archive's file name: the runtime it was written for and its size in bytes.
+
+    The size is in the name because a JVM that maps a truncated archive (a disk that filled up, a
+    copy cut short) dies with SIGBUS before it can fall back: a file of another size is never used.
+
+    Example::
+
+        archive_name(203_976_704)  # "driver-036c44b5ee935bc6-203976704.jsa"
+    """
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"size must be a positive number of bytes, not {size!r}")
+    return f"driver-{_runtime_key()}-{size}.jsa"
+
+
+def archive_path(cache_dir: Path | None = None) -> Path | None:
+    """This runtime's archive, whole, or None when ``setup`` has not written one for it.
+
+    Example::
+
+        archive_path()  # ~/.cache/lakehouse-spark/5d41402abc4b/driver-036c...-203976704.jsa, or None
+    """
+    directory = archive_dir(cache_dir)
+    for candidate in sorted(directory.glob(f"driver-{_runtime_key()}-*.jsa")):
+        size = candidate.stem.rpartition("-")[2]
+        if size.isdigit() and candidate.stat().st_size == int(size):
+            return candidate
+    return None
+
+
+def driver_java_options(extra_conf: dict[str, str] | None = None, cache_dir: Path | None = None) -> str | None:
+    """The driver's Java options with the archive added, or None when the driver should start as is.
+
+    None when no archive was written for this runtime, when spark-submit started the driver JVM
+    already (pyspark inside spark-submit), when the given options
+    already choose class-data sharing, or when a ``spark-defaults.conf`` sets the driver's Java
+    options (a builder value would replace them).
+
+    Example::
+
+        options = driver_java_options({"spark.driver.extraJavaOptions": "-Dlog4j.debug"})
+    """
+    if extra_conf is not None and not isinstance(extra_conf, dict):
+        raise TypeError(f"extra_conf must be a dict of Spark settings, not {type(extra_conf).__name__}")
+    conf = dict(extra_conf or {})
+    archive = archive_path(cache_dir)
+    if archive is None:
+        return None
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    given = conf.get(DRIVER_JAVA_OPTIONS, "")
+    if any(option in given for option in ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")):
+        return None
+    if DRIVER_JAVA_OPTIONS in _spark_defaults():
+        return None
+    return " ".join(filter(None, [given, f"-XX:SharedArchiveFile={archive}", _QUIET]))
 
 
 def build_spark(
@@ -105,6 +191,10 @@ def build_spark(
     # project and its drivers installed, not the first python3 on the PATH; PySpark reads only this.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = dict(extra_conf or {})
+    # The driver starts from the class-data archive that `setup` wrote, when there is one.
+    java_options = driver_java_options(conf)
+    if java_options:
+        conf[DRIVER_JAVA_OPTIONS] = java_options
     excludes = [*PROVIDED_BY_SPARK, *filter(None, conf.pop(JAR_EXCLUDES, "").split(","))]
     builder = builder.config(JAR_EXCLUDES, ",".join(excludes))
     for key, value in conf.items():
@@ -133,3 +223,30 @@ def ship_package_jars(session: SparkSession) -> None:
     for jar in filter(None, merged.split(",")):
         if jar.rpartition("/")[2] not in shipped:
             context.addJar(jar)
+
+
+def _runtime_key() -> str:
+    """What an archive is only valid for: the Java runtime spark-submit starts and pyspark's jars."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = Path(java_home) / "bin" / "java" if java_home else shutil.which("java")
+    parts = [pyspark.__version__]
+    if java and Path(java).exists():
+        real = Path(java).resolve()
+        stat = real.stat()
+        parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
+    for jar in sorted(_pyspark_jars().glob("*.jar")):
+        stat = jar.stat()
+        parts.append(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _pyspark_jars() -> Path:
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def _spark_defaults() -> str:
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        conf_dir = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent) / "conf"
+    defaults = Path(conf_dir) / "spark-defaults.conf"
+    return defaults.read_text(errors="replace") if defaults.is_file() else ""

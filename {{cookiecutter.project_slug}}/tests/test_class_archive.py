@@ -1,0 +1,86 @@
+"""The Spark driver's class archive: written by `setup`, used by every driver the project starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from {{ cookiecutter.package_name }}.pipeline.class_archive import write_archive
+from {{ cookiecutter.package_name }}.pipeline.spark import (
+    DRIVER_JAVA_OPTIONS,
+    archive_dir,
+    archive_name,
+    archive_path,
+    driver_java_options,
+)
+
+# One of the first classes a driver loads from pyspark's jars.
+SPARK_CONTEXT = "org.apache.spark.SparkContext "
+
+
+def test_a_driver_loads_sparks_classes_from_the_archive_that_setup_writes(tmp_path):
+    # `make install` ran `setup`, which wrote it; write it here otherwise, so this never skips.
+    archive = archive_path() or write_archive()
+    classes = tmp_path / "classes.log"
+    child = """
+import sys
+from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+spark = build_spark("archive-check", extra_conf=dict([sys.argv[1:3]]))
+assert spark.range(3).count() == 3
+"""
+    java_options = f"-Xlog:class+load=info:file={classes}"
+    subprocess.run(
+        [sys.executable, "-c", child, DRIVER_JAVA_OPTIONS, java_options], check=True, timeout=300, capture_output=True
+    )
+
+    loaded = [line for line in classes.read_text().splitlines() if SPARK_CONTEXT in line]
+    assert loaded, f"the driver never logged loading {SPARK_CONTEXT.strip()}"
+    # The JVM mapped the class from the dynamic archive ("top" layer) instead of reading the jar.
+    assert "source: shared objects file (top)" in loaded[0], f"{archive}: {loaded[0]}"
+
+
+def test_an_archive_of_another_size_than_its_name_says_is_never_used(tmp_path):
+    # A JVM mapping a truncated archive dies with SIGBUS: such a file must never reach one.
+    directory = archive_dir(tmp_path)
+    directory.mkdir(parents=True)
+    truncated = directory / archive_name(200_000_000)
+    truncated.write_bytes(b"\0" * 4096)
+    assert archive_path(tmp_path) is None
+    assert driver_java_options(cache_dir=tmp_path) is None
+
+    whole = directory / archive_name(4096)
+    truncated.rename(whole)
+    assert archive_path(tmp_path) == whole
+
+
+def test_the_archive_adds_to_the_drivers_own_options_and_defers_to_a_chosen_one(tmp_path, monkeypatch):
+    directory = archive_dir(tmp_path)
+    directory.mkdir(parents=True)
+    archive = directory / archive_name(16)
+    archive.write_bytes(b"\0" * 16)
+
+    options = driver_java_options({DRIVER_JAVA_OPTIONS: "-Dfoo=bar"}, cache_dir=tmp_path)
+    assert options.startswith(f"-Dfoo=bar -XX:SharedArchiveFile={archive} ")
+    # Options that choose class-data sharing themselves (as writing the archive does) are left alone.
+    assert driver_java_options({DRIVER_JAVA_OPTIONS: "-XX:ArchiveClassesAtExit=x.jsa"}, cache_dir=tmp_path) is None
+    assert driver_java_options({DRIVER_JAVA_OPTIONS: "-Xshare:off"}, cache_dir=tmp_path) is None
+    # A spark-defaults.conf's driver options would be replaced by the builder's: leave the driver as is.
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Xmx8g\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    assert driver_java_options(cache_dir=tmp_path) is None
+    # A driver spark-submit already started is not this process's to configure.
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")
+    assert driver_java_options(cache_dir=tmp_path) is None
+
+
+@pytest.mark.parametrize("wrong", [42, ["spark.driver.extraJavaOptions"]])
+def test_the_archive_helpers_refuse_wrong_arguments_before_any_jvm(wrong):
+    with pytest.raises(TypeError):
+        archive_dir(wrong)
+    with pytest.raises(TypeError):
+        driver_java_options(wrong)
