@@ -20,12 +20,16 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
 from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools.nemesis import run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
+
+# A short schedule for the suite; `nemesis --actions 100` is the long run (see docs/runbook.md).
+NEMESIS_ACTIONS, NEMESIS_SEED = 8, 694
 
 # --- deterministic crash points -------------------------------------------------------------
 
@@ -249,6 +253,31 @@ def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, t
     # Each egress's sink was checked against the ledger too.
     assert {f"{stream}_windows_wrong" for stream in installed_names()} <= set(report.anomalies)
     assert report.clean, report.table()
+
+
+# --- a nemesis: faults combined -----------------------------------------------------------
+
+
+@pytest.mark.faults
+@pytest.mark.storage
+def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(spark, config, tmp_path):
+    # A broker of the test's own, so that the schedule can restart it.
+    broker = LocalKafka(tmp_path / "own-broker")
+    kafka = config.kafka.model_copy(update={"bootstrap_servers": broker.start()})
+    try:
+        run_config = config.model_copy(update={"kafka": kafka})
+        report = run_nemesis(
+            run_config, actions=NEMESIS_ACTIONS, seed=NEMESIS_SEED, logs=tmp_path / "logs", broker=broker
+        )
+    finally:
+        broker.stop(timeout=5)
+
+    print(report.table())
+    assert report.clean, report.table()
+    # The seed's schedule mixes the kinds of fault, and at least one refusal was predicted and met.
+    assert {"crash", "freeze", "lose", "snapshot", "restore", "broker"} <= set(report.actions()), report.actions()
+    assert sum(report.refusals.values()) >= 1, report.table()
+    assert report.oracle_checks >= 2 and report.records_committed > 0 and report.records_aborted > 0
 
 
 # --- a standalone cluster, with an executor killed -------------------------------------------

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import {{ cookiecutter.package_name }}
+from {{ cookiecutter.package_name }}.devtools.nemesis import CHECKPOINT_LOST, MISMATCH, TABLE_AHEAD, refusals_found, way_out_of
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 from {{ cookiecutter.package_name }}.pipeline.refusals import RUNBOOK_BEGIN, RUNBOOK_END, Refusal, runbook
 
@@ -49,3 +50,17 @@ def test_a_refusal_names_what_it_found_and_the_exact_way_out():
 def test_a_refusal_rendered_without_a_fact_it_needs_fails_loudly():
     with pytest.raises(ValueError, match=r"TABLE_AHEAD needs the facts \['batch', "):
         Refusal.TABLE_AHEAD.message("gold", table="gold_event_windows")
+
+
+@pytest.mark.parametrize(
+    "refusal, kind",
+    [(Refusal.CHECKPOINT_LOST, CHECKPOINT_LOST), (Refusal.TABLE_AHEAD, TABLE_AHEAD), (Refusal.MISMATCH, MISMATCH)],
+)
+def test_the_nemesis_recognises_each_refusal_it_predicts_and_takes_the_way_out_it_names(refusal, kind):
+    # The fault schedule (devtools/nemesis.py) reads refusals from the command line's output.
+    named = {"reset", "reset_only", "rebuilds", "accept"}
+    message = refusal.message("gold", **{name: f"<{name}>" for name in refusal.entry.fields() - named})
+    output = f"a batch's log line\nconfig error\n{message}\n"
+
+    assert refusals_found(output) == {kind}
+    assert way_out_of(output) == "checkpoints reset gold"

@@ -1,4 +1,4 @@
-"""`produce-sample`, `chaos`, `bench` and `setup`: the development and proving commands.
+"""`produce-sample`, `chaos`, `nemesis`, `bench` and `setup`: the development and proving commands.
 
 Each imports the development tools or the benchmark inside its handler, so `run` in production
 loads the pipeline only.
@@ -7,6 +7,7 @@ loads the pipeline only.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,6 +33,14 @@ def register(commands) -> None:
     chaos_parser.add_argument("--records", type=int, default=2000)
     chaos_parser.add_argument("--workdir", default=".chaos", help="each run gets a fresh lakehouse below it")
     chaos_parser.set_defaults(handler=chaos)
+
+    nemesis_parser = commands.add_parser(
+        "nemesis", help="a seeded schedule of combined faults (kills, freezes, lost checkpoints, ...), then check"
+    )
+    nemesis_parser.add_argument("--actions", type=int, default=100)
+    nemesis_parser.add_argument("--seed", type=int, default=1)
+    nemesis_parser.add_argument("--workdir", default=".nemesis", help="each run gets a fresh lakehouse below it")
+    nemesis_parser.set_defaults(handler=nemesis)
 
     bench_parser = commands.add_parser(
         "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
@@ -75,6 +84,31 @@ def chaos(config: Config, args: argparse.Namespace) -> int:
     print(report.table())
     print(f"work directory: {workdir}")
     print(f"lakehouse: {run_config.lakehouse_root}")
+    return ExitCode.OK if report.clean else ExitCode.FAILED
+
+
+def nemesis(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.kafka_local import LocalKafka
+    from ..devtools.nemesis import run_nemesis
+
+    if args.actions < 1:
+        print("nemesis: --actions must be at least 1", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
+    workdir = Path(args.workdir).resolve() / run
+    run_config = config.model_copy(update={"lakehouse_root": chaos_lakehouse(config.lakehouse_root, workdir, run)})
+    broker = None
+    with ExitStack() as servers:
+        if uses_local_broker(run_config):
+            # A broker of the run's own, so that the schedule can restart it.
+            broker = LocalKafka(workdir / "kafka")
+            kafka = run_config.kafka.model_copy(update={"bootstrap_servers": broker.start()})
+            servers.callback(broker.stop)
+            run_config = run_config.model_copy(update={"kafka": kafka})
+        run_config = private_servers(run_config, workdir, servers)
+        report = run_nemesis(run_config, args.actions, args.seed, logs=workdir / "logs", broker=broker)
+    print(report.table())
+    print(f"work directory: {workdir}")
     return ExitCode.OK if report.clean else ExitCode.FAILED
 
 

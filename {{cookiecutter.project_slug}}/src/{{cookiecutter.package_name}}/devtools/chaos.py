@@ -348,9 +348,6 @@ def run_chaos(
     than 20 seconds on S3 under load), so that it lands inside a batch or between two.
     """
     from ..pipeline import s3
-    from ..pipeline.config import duration_seconds
-    from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
-    from ..pipeline.egress import settings_of
     from ..pipeline.kafka.clients import bootstrap_servers, client_config
     from ..pipeline.spark import build_spark
 
@@ -359,7 +356,6 @@ def run_chaos(
     topic = run
     admin = AdminClient(client_config(config))
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
-    lakehouse = Lakehouse(config.lakehouse_root)
     # A crash point armed by the caller would stop every restart at the same place.
     inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
     env = {
@@ -425,11 +421,32 @@ def run_chaos(
     if drained.returncode != 0:
         raise RuntimeError(f"the final drain failed:\n{drained.stderr[-5000:]}")
 
+    anomalies, egress_aborted = judge(spark, config, ledger, env)
+    report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
+    report.egress_aborted_records = egress_aborted
+    report.kills_while_starting = killed_starting
+    return report
+
+
+def judge(spark, config, ledger: Ledger, env: dict[str, str]) -> tuple[dict[str, int], int]:
+    """The tables, and each egress's sink, checked against ``ledger``: (anomalies by kind, egress records aborted).
+
+    ``env`` is the pipeline processes' environment (it names each egress's sink of the run). Spark only
+    reads the Delta tables; the sinks are read with plain Kafka and PostgreSQL clients.
+    """
+    from ..pipeline.config import duration_seconds
+    from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+    from ..pipeline.egress import settings_of
+    from ..pipeline.kafka.clients import client_config
+
+    lakehouse = Lakehouse(config.lakehouse_root)
+
     def rows(name: str, *columns: str) -> list[tuple]:
         table = spark.read.format("delta").load(lakehouse.table(name))
         return [tuple(row) for row in table.selectExpr(*columns).collect()]
 
     egress: dict[str, list[tuple[int, str, int, Decimal]]] = {}
+    egress_aborted = 0
     turned_on = settings_of(config)
     if KAFKA_EGRESS in turned_on:
         committed = read_topic(client_config(config), env["EGRESS_KAFKA_TOPIC"], "read_committed")
@@ -453,10 +470,7 @@ def run_chaos(
     )
     if KAFKA_EGRESS in turned_on:
         anomalies[f"{KAFKA_EGRESS}_records_repeating_a_gold_version"] = repeated_versions(committed)
-    report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
-    report.egress_aborted_records = egress_aborted if KAFKA_EGRESS in turned_on else 0
-    report.kills_while_starting = killed_starting
-    return report
+    return anomalies, egress_aborted
 
 
 def _wait_for_first_batch(pipeline: subprocess.Popen, log_path: Path, timeout_s: float, number: int) -> None:

@@ -11,6 +11,10 @@ from pyspark.sql import SparkSession
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # What Hadoop raises when the file was there: from create on a filesystem, from close on S3 (412).
 _EXISTS = ("FileAlreadyExistsException", "RemoteFileChangedException")
+# What it raises when a file or directory that was there a moment ago is gone: another process deleted
+# it between our look and our read (a lease released), or the store dropped it (seen on SeaweedFS: a
+# lease directory whose last file was deleted answered that it exists, then listing it raised this).
+_GONE = ("FileNotFoundException",)
 
 
 def filesystem(spark: SparkSession, path: str):
@@ -24,7 +28,12 @@ def read_text(spark: SparkSession, path: str) -> str | None:
     fs, jvm_path = filesystem(spark, path)
     if not fs.exists(jvm_path):
         return None
-    stream = fs.open(jvm_path)
+    try:
+        stream = fs.open(jvm_path)
+    except Py4JJavaError as error:
+        if _caused_by(error, _GONE):
+            return None
+        raise
     try:
         return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     finally:
@@ -90,7 +99,12 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
     fs, jvm_path = filesystem(spark, path)
     if not fs.exists(jvm_path):
         return []
-    return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
+    try:
+        return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
+    except Py4JJavaError as error:
+        if _caused_by(error, _GONE):
+            return []
+        raise
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -112,9 +126,13 @@ def delete(spark: SparkSession, path: str, recursive: bool = False) -> None:
 
 
 def _already_exists(error: Py4JJavaError) -> bool:
+    return _caused_by(error, _EXISTS)
+
+
+def _caused_by(error: Py4JJavaError, names: tuple[str, ...]) -> bool:
     cause = error.java_exception
     while cause is not None:
-        if cause.getClass().getSimpleName() in _EXISTS:
+        if cause.getClass().getSimpleName() in names:
             return True
         cause = cause.getCause()
     return False

@@ -1,0 +1,594 @@
+"""Nemesis: a seeded schedule of combined faults against the pipeline, judged by an independent oracle.
+
+In the spirit of Jepsen's nemesis and of Spark's own streaming stress tests: each step draws one
+action, by weight, among those whose precondition holds, and every action runs the pipeline as an
+operator would (its command line, as separate processes) or does to the storage and the broker
+what the world does to them:
+
+* ``produce``   a transaction of numbered records (every 17th malformed), committed or aborted;
+* ``drain``     ``run --layer all --available-now``; then the oracle judges every table and sink
+                against the ledger of what was committed to Kafka, and ``audit`` must agree with it;
+* ``step``      ``run --layer <one stream> --available-now``;
+* ``kill``      a continuous ``run`` SIGKILLed while it starts or after its first batch;
+* ``crash``     one stream's next batch killed at a crash point;
+* ``freeze``    one stream's process stopped (SIGSTOP) inside a batch for longer than its lease, while
+                another process runs the stream or an operator resets it; woken, it must write
+                nothing more;
+* ``lose``      a stream's checkpoint deleted;
+* ``snapshot``  a copy of every checkpoint, for ``restore``;
+* ``restore``   a stream's checkpoint put back from that older copy;
+* ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze;
+* ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
+                continuous run may be writing to it;
+* ``broker``    the broker restarted (when the runner started it).
+
+Some actions must make the next start refuse (gold's checkpoint lost, a checkpoint older than its
+table): the runner predicts which refusals may come, and a refusal it did not predict is an
+anomaly. A refusal's message names its way out; the runner runs exactly that command (with
+``--yes``), and the oracle then judges what it did. The oracle uses none of the pipeline's code:
+Spark only reads the Delta tables; the ledger and the checks are plain Python (``chaos.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from .chaos import (
+    ABORT_EVERY,
+    BATCH_DONE,
+    Ledger,
+    egress_env,
+    judge,
+    numbered_record,
+    pipeline_command,
+    storage_env,
+)
+
+STREAMS = ("bronze", "silver", "gold")
+TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}
+# Every process of the run holds its stream's lease this long without renewal: short, so that a
+# frozen process loses it within the run, long enough that a busy machine renews in time.
+LEASE_TTL_S = 12
+# Refusals, recognised by what their message says was found (pipeline/refusals.py words them).
+CHECKPOINT_LOST = "gold's checkpoint lost"
+TABLE_AHEAD = "a table ahead of its checkpoint"
+MISMATCH = "a checkpoint of another stream"
+FOUND = {
+    CHECKPOINT_LOST: "is missing while",
+    TABLE_AHEAD: "is behind it",
+    MISMATCH: "does not match the tables it writes",
+}
+REFUSED = 3
+# The command a refusal's way out names, after the console script (one word, or `python -m <package>`):
+# the last one in the output, since the way out comes after what was found.
+WAY_OUT = re.compile(r"`[^`]*?(checkpoints (?:reset|accept-loss)[^`]*)`")
+LOST_LEASE = "writes nothing more for {stream}"
+
+
+@dataclass
+class Step:
+    number: int
+    action: str
+    detail: str
+    seconds: float
+
+
+@dataclass
+class NemesisReport:
+    steps: list[Step] = field(default_factory=list)
+    anomalies: Counter = field(default_factory=Counter)
+    findings: list[str] = field(default_factory=list)
+    refusals: Counter = field(default_factory=Counter)
+    records_committed: int = 0
+    records_aborted: int = 0
+    oracle_checks: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.anomalies.values())
+
+    def actions(self) -> Counter:
+        return Counter(step.action for step in self.steps)
+
+    def table(self) -> str:
+        rows = [(f"action: {name}", count) for name, count in sorted(self.actions().items())]
+        rows += [(f"refusal predicted and met: {name}", count) for name, count in sorted(self.refusals.items())]
+        rows += [
+            ("records committed", self.records_committed),
+            ("records aborted", self.records_aborted),
+            ("oracle checks", self.oracle_checks),
+            ("seconds", round(sum(step.seconds for step in self.steps))),
+        ]
+        rows += [(f"anomaly: {name}", count) for name, count in sorted(self.anomalies.items())]
+        rows.append(("verdict", "clean" if self.clean else "ANOMALIES"))
+        width = max(len(name) for name, _ in rows) + 2
+        lines = [f"{name:<{width}}{value:>8}" for name, value in rows]
+        return "\n".join(lines + [f"finding: {finding}" for finding in self.findings])
+
+
+class Nemesis:
+    """One run: a private topic and lakehouse, the ledger, this runner's Spark, and the actions."""
+
+    def __init__(self, config, seed: int, logs: Path, broker=None, records_per_transaction: int = 40):
+        from ..pipeline import s3
+        from ..pipeline.kafka.clients import bootstrap_servers, client_config
+        from ..pipeline.spark import build_spark
+
+        self.config = config
+        # Which action comes next, and how each action plays out, from two streams of the same seed: a
+        # schedule stays the same when an action's own draws change.
+        self.schedule = random.Random(seed)
+        self.rng = random.Random(f"{seed}:actions")
+        self.logs = logs
+        self.broker = broker
+        self.records_per_transaction = records_per_transaction
+        self.run = f"nemesis{seed}-{uuid.uuid4().hex[:6]}"
+        self.topic = self.run
+        self.client = client_config(config)
+        admin = AdminClient(self.client)
+        admin.create_topics([NewTopic(self.topic, num_partitions=2, replication_factor=1)])[self.topic].result(30)
+        inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
+        self.env = {
+            **inherited,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers(config),
+            "KAFKA_TOPICS": self.topic,
+            "LAKEHOUSE_ROOT": config.lakehouse_root,
+            "PIPELINE_TRIGGER_INTERVAL": "1 second",
+            "PIPELINE_LEASE_TTL": f"{LEASE_TTL_S} seconds",
+            # Batches small enough that a backlog takes several: more boundaries for faults to land on.
+            "KAFKA_MAX_OFFSETS_PER_TRIGGER": "60",
+            **egress_env(config, self.run, admin),
+            **storage_env(config),
+        }
+        s3.prepare(config)
+        packages, conf = s3.session_options(config)
+        self.spark = build_spark(
+            "nemesis", config.spark_master, config.shuffle_partitions, extra_conf=conf, extra_packages=packages
+        )
+        self.ledger = Ledger()
+        self.report = NemesisReport()
+        self.producer = Producer({**self.client, "transactional.id": f"nemesis-{self.run}", "linger.ms": 5})
+        self.producer.init_transactions(30)
+        self.produced = 0
+        self.copies: dict[str, Path] = {}
+        # The refusals a start of each stream may meet, and whether it must meet one.
+        self.expecting: dict[str, tuple[set[str], bool]] = {}
+        self.commands = 0
+        self.actions: list[tuple[str, int, Callable[[], bool], Callable[[], str]]] = [
+            ("produce", 6, lambda: True, self.produce),
+            ("drain", 3, lambda: True, self.drain),
+            ("step", 3, lambda: True, self.step),
+            ("kill", 3, lambda: True, self.kill),
+            ("crash", 2, lambda: True, self.crash),
+            ("freeze", 1, lambda: True, self.freeze),
+            ("snapshot", 1, lambda: True, self.snapshot),
+            ("restore", 1, lambda: bool(self.copies), self.restore),
+            ("lose", 1, lambda: True, self.lose),
+            ("reset", 1, lambda: True, self.reset),
+            ("maintain", 1, lambda: True, self.maintain),
+            ("broker", 1, lambda: self.broker is not None, self.restart_broker),
+        ]
+
+    # --- the schedule -------------------------------------------------------------------------
+
+    def play(self, actions: int) -> NemesisReport:
+        """Take ``actions`` seeded actions, then a final drain judged by the oracle and the audit."""
+        for number in range(1, actions + 1):
+            ready = [(name, weight, act) for name, weight, possible, act in self.actions if possible()]
+            name, _, act = self.schedule.choices(ready, weights=[weight for _, weight, _ in ready])[0]
+            self._take(number, name, act)
+        self._take(actions + 1, "drain", self.drain)
+        self.report.records_committed = len(self.ledger.committed)
+        self.report.records_aborted = len(self.ledger.aborted)
+        return self.report
+
+    def _take(self, number: int, name: str, act: Callable[[], str]) -> None:
+        started = time.monotonic()
+        detail = act()
+        step = Step(number, name, detail, time.monotonic() - started)
+        self.report.steps.append(step)
+        print(f"[{number:3d}] {name:<8} {step.seconds:6.1f} s  {detail}", flush=True)
+
+    # --- running the pipeline -----------------------------------------------------------------
+
+    def command(self, *args: str, extra_env: dict[str, str] | None = None):
+        """Run a pipeline command to its end. A refusal is checked against what the runner predicted
+        for the streams it starts, the way out its message names is run, and the command runs again.
+        Returns the last run's (exit code, output)."""
+        stream = args[2] if args[:2] == ("run", "--layer") and args[2] != "all" else None
+        expected, certain = self.pending_refusals(stream), self.certain_refusal(stream)
+        code, output = self._run(args, extra_env)
+        refused = 0
+        while code == REFUSED and refused < len(STREAMS):
+            refused += 1
+            found = refusals_found(output)
+            if found & expected:
+                self.report.refusals[sorted(found & expected)[0]] += 1
+            else:
+                self.report.anomalies["unpredicted_refusals"] += 1
+                self.report.findings.append(f"unpredicted refusal of {' '.join(args)}: {_last_lines(output)}")
+            way_out = way_out_of(output)
+            if way_out is None:
+                self.report.anomalies["refusals_without_a_way_out"] += 1
+                self.report.findings.append(f"no way out named: {_last_lines(output)}")
+                return code, output
+            command = way_out.split()
+            exit_code, out = self._run([*command, *(["--yes"] if "--yes" not in command else [])], None)
+            if exit_code != 0:
+                self.report.anomalies["ways_out_that_failed"] += 1
+                self.report.findings.append(f"way out {' '.join(command)} exited {exit_code}: {_last_lines(out)}")
+                return exit_code, out
+            code, output = self._run(args, extra_env)
+        if certain and not refused and args[0] == "run":
+            self.report.anomalies["predicted_refusals_missed"] += 1
+            self.report.findings.append(f"{' '.join(args)} did not refuse ({sorted(expected)})")
+        if code == 0 and args[0] == "run":
+            self._refusals_cleared(stream)
+        return code, output
+
+    def _run(self, args, extra_env: dict[str, str] | None) -> tuple[int, str]:
+        self.commands += 1
+        log_path = self.logs / f"{self.commands:04d}-{'-'.join(args[:3]).replace('/', '_')}.log"
+        with log_path.open("w") as log:
+            finished = subprocess.run(
+                pipeline_command(*args),
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=900,
+            )
+        return finished.returncode, log_path.read_text(errors="replace")
+
+    def start(self, *args: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        self.commands += 1
+        log_path = self.logs / f"{self.commands:04d}-{'-'.join(args[:3])}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                pipeline_command(*args),
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return process, log_path
+
+    def expect_ok(self, what: str, code: int, output: str) -> None:
+        if code != 0:
+            self.report.anomalies["commands_that_failed"] += 1
+            self.report.findings.append(f"{what} exited {code}: {_last_lines(output)}")
+
+    # --- the actions ----------------------------------------------------------------------------
+
+    def produce(self, committed: bool | None = None) -> str:
+        count = self.rng.randint(1, self.records_per_transaction)
+        committed = self.rng.randrange(ABORT_EVERY) != 0 if committed is None else committed
+        batch = [numbered_record(self.run, self.produced + index, self.rng) for index in range(count)]
+        self.produced += count
+        self.producer.begin_transaction()
+        for key, value in batch:
+            self.producer.produce(self.topic, key=key.encode(), value=value)
+        if committed:
+            self.producer.commit_transaction(30)
+            self.ledger.committed.update(batch)
+        else:
+            self.producer.flush(30)  # the aborted records reach the log, behind an abort marker
+            self.producer.abort_transaction(30)
+            self.ledger.aborted.update(key for key, _ in batch)
+        return f"{count} records {'committed' if committed else 'aborted'}"
+
+    def drain(self) -> str:
+        code, output = self.command("run", "--layer", "all", "--available-now")
+        self.expect_ok("drain", code, output)
+        anomalies, _ = judge(self.spark, self.config, self.ledger, self.env)
+        self.report.oracle_checks += 1
+        self.report.anomalies.update({name: count for name, count in anomalies.items() if count})
+        wrong = {name: count for name, count in anomalies.items() if count}
+        audit_code, audit_output = self._run(("audit",), None)
+        # The audit must agree with the oracle: clean exactly when every anomaly is zero.
+        if (audit_code == 0) != (not wrong):
+            self.report.anomalies["audit_disagrees_with_oracle"] += 1
+            self.report.findings.append(f"audit exited {audit_code}, oracle found {wrong}: {_last_lines(audit_output)}")
+        return f"oracle {'clean' if not wrong else wrong}, audit exit {audit_code}"
+
+    def step(self) -> str:
+        stream = self.rng.choice(STREAMS)
+        code, output = self.command("run", "--layer", stream, "--available-now")
+        self.expect_ok(f"run --layer {stream}", code, output)
+        return f"{stream} exit {code}"
+
+    def kill(self) -> str:
+        self.produce(committed=True)
+        layer = self.rng.choice(["all", "all", *STREAMS])
+        if self.pending_refusals(None if layer == "all" else layer):
+            # A refused start exits on its own: let a drain meet the refusal instead.
+            return self.drain()
+        process, log_path = self.start("run", "--layer", layer)
+        while_starting = self.rng.random() < 0.25
+        if while_starting:
+            time.sleep(self.rng.uniform(1.0, 8.0))
+        else:
+            if not _wait_for(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
+                self.report.findings.append(f"run --layer {layer} ended or stalled before a batch: see {log_path}")
+            time.sleep(self.rng.uniform(0.0, 4.0))
+        ended = process.poll()
+        if ended is not None:
+            self.report.anomalies["runs_that_ended_on_their_own"] += 1
+            self.report.findings.append(f"run --layer {layer} exited {ended} before its kill: see {log_path}")
+            return f"{layer} ended with {ended}"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return f"{layer} killed {'while starting' if while_starting else 'after a batch'}"
+
+    def crash(self) -> str:
+        from ..pipeline.recovery.crash_points import POINTS
+
+        stream = self.rng.choice(STREAMS)
+        if self.pending_refusals(stream):
+            return self.step()
+        self._feed(stream)
+        point = self.rng.choice(POINTS)
+        batch = self.next_batch(stream)
+        code, output = self.command(
+            "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{stream}:{point}:{batch}"}
+        )
+        if code not in (0, -signal.SIGKILL):
+            self.expect_ok(f"run --layer {stream} with a crash point", code, output)
+        return f"{stream}:{point}:{batch} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
+
+    def freeze(self) -> str:
+        from ..pipeline.recovery.crash_points import BEFORE_SINK_COMMIT
+
+        stream = self.rng.choice(STREAMS)
+        if self.pending_refusals(stream):
+            return self.step()
+        self._feed(stream)
+        batch = self.next_batch(stream)
+        at = f"{stream}:{BEFORE_SINK_COMMIT}:{batch}"
+        frozen, log_path = self.start(
+            "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{at}:freeze"}
+        )
+        if not _wait_for(lambda: _state(frozen.pid) == "T", frozen, 300):
+            return f"{stream} batch {batch} never froze (exit {frozen.poll()})"
+        time.sleep(LEASE_TTL_S + 2)
+        taken_by = self.rng.choice(["another process", "reset"])
+        if taken_by == "reset":
+            code, output = self._run(("checkpoints", "reset", stream, "--yes"), None)
+            self.expect_ok(f"checkpoints reset {stream}", code, output)
+            self._refusals_cleared(stream, downstream=True)
+        code, output = self.command("run", "--layer", stream, "--available-now")
+        self.expect_ok(f"run --layer {stream} while one is frozen", code, output)
+        os.kill(frozen.pid, signal.SIGCONT)
+        frozen.wait(timeout=300)
+        if LOST_LEASE.format(stream=stream) not in log_path.read_text(errors="replace"):
+            self.report.anomalies["woken_writers_not_fenced"] += 1
+            self.report.findings.append(f"the frozen {stream} process did not stop on its lost lease: see {log_path}")
+        return f"{stream} batch {batch} frozen, taken by {taken_by}, woken: exit {frozen.returncode}"
+
+    def snapshot(self) -> str:
+        """A backup of every checkpoint there is, as an operator's copy of the lakehouse would hold."""
+        copied = []
+        for stream in STREAMS:
+            copy = self.logs.parent / "copies" / f"{stream}-{len(self.report.steps)}"
+            if self._copy(self.checkpoint(stream), str(copy)):
+                self.copies[stream] = copy
+                copied.append(stream)
+        return f"checkpoints copied: {', '.join(copied) or 'none yet'}"
+
+    def restore(self) -> str:
+        stream = self.rng.choice(sorted(self.copies))
+        copy = str(self.copies.pop(stream))
+        current, older = self.checkpoint(stream), copy
+        lost = not self._exists(current)
+        same_stream = not lost and self._read(f"{current}/metadata") == self._read(f"{older}/metadata")
+        moved_on = self.committed_batches(current) != self.committed_batches(older)
+        self._delete(current)
+        self._copy(older, current)
+        if lost:
+            # Whether the table moved on since the copy is unknown here: a refusal may come, or not.
+            self.expecting[stream] = ({TABLE_AHEAD, MISMATCH}, False)
+        elif not same_stream:
+            self.expecting[stream] = ({MISMATCH, TABLE_AHEAD}, True)
+        elif moved_on:
+            self.expecting[stream] = ({TABLE_AHEAD}, True)
+        return f"{stream}'s checkpoint put back ({'lost before' if lost else 'moved on' if moved_on else 'same'})"
+
+    def lose(self) -> str:
+        stream = self.rng.choice(STREAMS)
+        self._delete(self.checkpoint(stream))
+        # Bronze and silver resume without one; gold's rows are sums, which it would count again.
+        if stream == "gold" and self._has_rows("gold"):
+            self.expecting[stream] = ({CHECKPOINT_LOST}, True)
+        return f"{stream}'s checkpoint deleted"
+
+    def reset(self) -> str:
+        stream = self.rng.choice(STREAMS)
+        only = stream == "bronze" and self.rng.random() < 0.5
+        code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
+        self.expect_ok(f"checkpoints reset {stream}", code, output)
+        if code == 0:
+            self._refusals_cleared(stream if only else None, downstream=not only)
+        return f"{stream}{' --only' if only else ''} exit {code}"
+
+    def maintain(self) -> str:
+        table = self.rng.choice(sorted(TABLES))
+        path = Lakehouse(self.config.lakehouse_root).table(TABLES[table])
+        if not self._has_rows(table):
+            return f"{table} is empty"
+        operation = self.rng.choice(["OPTIMIZE", "VACUUM"])
+        running = None
+        if not self.pending_refusals() and self.rng.random() < 0.5:
+            self.produce(committed=True)
+            running = self.start("run", "--layer", "all")
+        outcome = "done"
+        try:
+            self.spark.sql(f"{operation} delta.`{path}`").collect()
+        except Exception as error:  # noqa: BLE001 - a maintenance job losing a race to a stream is allowed
+            # Delta fails the later of two conflicting commits (an OPTIMIZE racing a MERGE); an operator
+            # runs it again. What matters is that the stream's commits are whole, which the oracle judges.
+            outcome = f"failed: {str(error).splitlines()[0][:120]}"
+        finally:
+            if running is not None:
+                process, log_path = running
+                time.sleep(self.rng.uniform(0.0, 5.0))
+                ended = process.poll()
+                if ended is not None:
+                    self.report.anomalies["runs_that_ended_on_their_own"] += 1
+                    self.report.findings.append(f"run during {operation} exited {ended}: see {log_path}")
+                else:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
+
+    def restart_broker(self) -> str:
+        self.broker.stop(timeout=10)
+        time.sleep(self.rng.uniform(0.0, 3.0))
+        self.broker.start()
+        return "broker restarted"
+
+    # --- what the runner knows ----------------------------------------------------------------
+
+    def pending_refusals(self, stream: str | None = None) -> set[str]:
+        """The refusals a start of ``stream`` (None: every stream) may meet."""
+        streams = STREAMS if stream is None else (stream,)
+        return set().union(*(self.expecting.get(name, (set(), False))[0] for name in streams))
+
+    def certain_refusal(self, stream: str | None = None) -> bool:
+        streams = STREAMS if stream is None else (stream,)
+        return any(self.expecting.get(name, (set(), False))[1] for name in streams)
+
+    def _refusals_cleared(self, stream: str | None = None, downstream: bool = False) -> None:
+        if stream is None:
+            self.expecting.clear()
+            return
+        for name in STREAMS[STREAMS.index(stream) :] if downstream else (stream,):
+            self.expecting.pop(name, None)
+
+    def _feed(self, stream: str) -> None:
+        """Committed records, carried up to ``stream``'s input, so that its next batch has work."""
+        self.produce(committed=True)
+        for upstream in STREAMS[: STREAMS.index(stream)]:
+            code, output = self.command("run", "--layer", upstream, "--available-now")
+            self.expect_ok(f"run --layer {upstream}", code, output)
+
+    def checkpoint(self, stream: str) -> str:
+        return Lakehouse(self.config.lakehouse_root).checkpoint(stream)
+
+    def _filesystem(self, path: str):
+        hadoop_path = self.spark._jvm.org.apache.hadoop.fs.Path(path)
+        return hadoop_path, hadoop_path.getFileSystem(self.spark._jsc.hadoopConfiguration())
+
+    def committed_batches(self, checkpoint: str) -> list[int]:
+        path, filesystem = self._filesystem(f"{checkpoint}/commits")
+        if not filesystem.exists(path):
+            return []
+        names = [status.getPath().getName() for status in filesystem.listStatus(path)]
+        return sorted(int(name) for name in names if name.isdigit())
+
+    def next_batch(self, stream: str) -> int:
+        """The id of ``stream``'s next batch: a logged batch without a commit is replayed under its id."""
+        path, filesystem = self._filesystem(f"{self.checkpoint(stream)}/offsets")
+        if not filesystem.exists(path):
+            return 0
+        logged = [int(s.getPath().getName()) for s in filesystem.listStatus(path) if s.getPath().getName().isdigit()]
+        committed = self.committed_batches(self.checkpoint(stream))
+        if logged and max(logged) > max(committed, default=-1):
+            return max(logged)
+        return max(committed, default=-1) + 1
+
+    def _copy(self, source: str, target: str) -> bool:
+        source_path, source_fs = self._filesystem(source)
+        target_path, target_fs = self._filesystem(target)
+        if not source_fs.exists(source_path):
+            return False
+        util = self.spark._jvm.org.apache.hadoop.fs.FileUtil
+        return util.copy(source_fs, source_path, target_fs, target_path, False, self.spark._jsc.hadoopConfiguration())
+
+    def _delete(self, path: str) -> None:
+        hadoop_path, filesystem = self._filesystem(path)
+        filesystem.delete(hadoop_path, True)
+
+    def _has_rows(self, table: str) -> bool:
+        path = Lakehouse(self.config.lakehouse_root).table(TABLES[table])
+        if not self._exists(path):
+            return False
+        return self.spark.read.format("delta").load(path).limit(1).count() > 0
+
+    def _exists(self, path: str) -> bool:
+        hadoop_path, filesystem = self._filesystem(path)
+        return bool(filesystem.exists(hadoop_path))
+
+    def _read(self, path: str) -> str:
+        hadoop_path, filesystem = self._filesystem(path)
+        if not filesystem.exists(hadoop_path):
+            return ""
+        stream = filesystem.open(hadoop_path)
+        try:
+            return self.spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+
+
+def way_out_of(output: str) -> str | None:
+    """The `checkpoints ...` command the last refusal in ``output`` names as its way out, if any.
+
+    Example::
+
+        way_out_of(output_of_a_refused_start)  # "checkpoints reset gold"
+    """
+    commands = WAY_OUT.findall(output)
+    return commands[-1] if commands else None
+
+
+def refusals_found(output: str) -> set[str]:
+    """The refusals the nemesis predicts that ``output`` shows."""
+    return {kind for kind, words in FOUND.items() if words in output}
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def _wait_for(condition: Callable[[], bool], process: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _last_lines(output: str, lines: int = 6) -> str:
+    return " | ".join(line.strip() for line in output.strip().splitlines()[-lines:])
+
+
+def run_nemesis(config, actions: int, seed: int, logs: Path, broker=None) -> NemesisReport:
+    """Play ``actions`` seeded actions against a private topic and lakehouse, then judge the end.
+
+    ``config`` points at the broker and at a lakehouse of this run only (resolved, as for chaos);
+    ``broker``, when the caller started it for this run, is restarted by the ``broker`` action.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    nemesis = Nemesis(config, seed, logs, broker=broker)
+    try:
+        return nemesis.play(actions)
+    finally:
+        nemesis.producer.flush(10)
+        del nemesis.producer  # its client closes now, before the caller stops the broker
