@@ -257,30 +257,32 @@ def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
         return [tuple(row) for row in connection.execute(query).fetchall()]
 
 
+def batch_ids(spark, directory: str) -> list[int]:
+    """The batch ids of a checkpoint's ``offsets`` or ``commits`` directory (any Hadoop URI), sorted."""
+    path = spark._jvm.org.apache.hadoop.fs.Path(directory)
+    filesystem = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not filesystem.exists(path):
+        return []
+    names = [status.getPath().getName() for status in filesystem.listStatus(path)]
+    return sorted(int(name) for name in names if name.isdigit())
+
+
 def pending_batches(spark, checkpoint_root: str) -> int:
     """Batches with an offset-log entry but no commit-log entry: each is replayed on restart.
 
     ``checkpoint_root`` is any Hadoop URI (a local directory, ``s3a://...``): it is listed through
     ``spark``'s Hadoop filesystem, with that session's credentials.
     """
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path
-    root = hadoop_path(checkpoint_root)
+    root = spark._jvm.org.apache.hadoop.fs.Path(checkpoint_root)
     filesystem = root.getFileSystem(spark._jsc.hadoopConfiguration())
-
-    def batches(directory) -> list[int]:
-        if not filesystem.exists(directory):
-            return []
-        names = [status.getPath().getName() for status in filesystem.listStatus(directory)]
-        return [int(name) for name in names if name.isdigit()]
-
     if not filesystem.exists(root):
         return 0
     pending = 0
     for stream in filesystem.listStatus(root):
         if not stream.isDirectory():
             continue
-        logged = batches(hadoop_path(stream.getPath(), "offsets"))
-        committed = batches(hadoop_path(stream.getPath(), "commits"))
+        directory = stream.getPath().toString()
+        logged, committed = batch_ids(spark, f"{directory}/offsets"), batch_ids(spark, f"{directory}/commits")
         if logged and max(logged) > max(committed, default=-1):
             pending += 1
     return pending

@@ -51,6 +51,7 @@ from .chaos import (
     ABORT_EVERY,
     BATCH_DONE,
     Ledger,
+    batch_ids,
     egress_env,
     judge,
     numbered_record,
@@ -266,6 +267,16 @@ class Nemesis:
             )
         return process, log_path
 
+    def _kill(self, process: subprocess.Popen, log_path: Path, what: str) -> bool:
+        """SIGKILL a continuous run (driver and JVM); False, an anomaly, when it had ended on its own."""
+        if process.poll() is not None:
+            self.report.anomalies["runs_that_ended_on_their_own"] += 1
+            self.report.findings.append(f"{what} exited {process.returncode} before its kill: see {log_path}")
+            return False
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return True
+
     def expect_ok(self, what: str, code: int, output: str) -> None:
         if code != 0:
             self.report.anomalies["commands_that_failed"] += 1
@@ -324,13 +335,8 @@ class Nemesis:
             if not _wait_for(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
                 self.report.findings.append(f"run --layer {layer} ended or stalled before a batch: see {log_path}")
             time.sleep(self.rng.uniform(0.0, 4.0))
-        ended = process.poll()
-        if ended is not None:
-            self.report.anomalies["runs_that_ended_on_their_own"] += 1
-            self.report.findings.append(f"run --layer {layer} exited {ended} before its kill: see {log_path}")
-            return f"{layer} ended with {ended}"
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if not self._kill(process, log_path, f"run --layer {layer}"):
+            return f"{layer} ended with {process.returncode}"
         return f"{layer} killed {'while starting' if while_starting else 'after a batch'}"
 
     def crash(self) -> str:
@@ -442,15 +448,8 @@ class Nemesis:
             outcome = f"failed: {str(error).splitlines()[0][:120]}"
         finally:
             if running is not None:
-                process, log_path = running
                 time.sleep(self.rng.uniform(0.0, 5.0))
-                ended = process.poll()
-                if ended is not None:
-                    self.report.anomalies["runs_that_ended_on_their_own"] += 1
-                    self.report.findings.append(f"run during {operation} exited {ended}: see {log_path}")
-                else:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+                self._kill(*running, f"run during {operation}")
         return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
 
     def restart_broker(self) -> str:
@@ -492,30 +491,35 @@ class Nemesis:
         return hadoop_path, hadoop_path.getFileSystem(self.spark._jsc.hadoopConfiguration())
 
     def committed_batches(self, checkpoint: str) -> list[int]:
-        path, filesystem = self._filesystem(f"{checkpoint}/commits")
-        if not filesystem.exists(path):
-            return []
-        names = [status.getPath().getName() for status in filesystem.listStatus(path)]
-        return sorted(int(name) for name in names if name.isdigit())
+        return batch_ids(self.spark, f"{checkpoint}/commits")
 
     def next_batch(self, stream: str) -> int:
         """The id of ``stream``'s next batch: a logged batch without a commit is replayed under its id."""
-        path, filesystem = self._filesystem(f"{self.checkpoint(stream)}/offsets")
-        if not filesystem.exists(path):
-            return 0
-        logged = [int(s.getPath().getName()) for s in filesystem.listStatus(path) if s.getPath().getName().isdigit()]
+        logged = batch_ids(self.spark, f"{self.checkpoint(stream)}/offsets")
         committed = self.committed_batches(self.checkpoint(stream))
         if logged and max(logged) > max(committed, default=-1):
             return max(logged)
         return max(committed, default=-1) + 1
 
     def _copy(self, source: str, target: str) -> bool:
+        """Copy directory ``source`` to ``target`` (any Hadoop URIs); False when there is no source.
+
+        Child by child into a fresh ``target``: Hadoop's copy of a whole directory nests it inside a
+        target that a store still reports as existing.
+        """
         source_path, source_fs = self._filesystem(source)
         target_path, target_fs = self._filesystem(target)
         if not source_fs.exists(source_path):
             return False
+        target_fs.mkdirs(target_path)
         util = self.spark._jvm.org.apache.hadoop.fs.FileUtil
-        return util.copy(source_fs, source_path, target_fs, target_path, False, self.spark._jsc.hadoopConfiguration())
+        hadoop_path = self.spark._jvm.org.apache.hadoop.fs.Path
+        for status in source_fs.listStatus(source_path):
+            child = hadoop_path(target_path, status.getPath().getName())
+            util.copy(source_fs, status.getPath(), target_fs, child, False, self.spark._jsc.hadoopConfiguration())
+        if self.committed_batches(source) != self.committed_batches(target):
+            raise RuntimeError(f"copying {source} to {target} did not copy its commit log")
+        return True
 
     def _delete(self, path: str) -> None:
         hadoop_path, filesystem = self._filesystem(path)
