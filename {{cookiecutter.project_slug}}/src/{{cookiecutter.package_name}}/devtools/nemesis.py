@@ -426,7 +426,8 @@ class Nemesis:
         code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
         self.expect_ok(f"checkpoints reset {stream}", code, output)
         if code == 0:
-            self._refusals_cleared(stream if only else None, downstream=not only)
+            # A reset rebuilds the stream and, without --only, everything downstream of it.
+            self._refusals_cleared(stream, downstream=not only)
         return f"{stream}{' --only' if only else ''} exit {code}"
 
     def maintain(self) -> str:

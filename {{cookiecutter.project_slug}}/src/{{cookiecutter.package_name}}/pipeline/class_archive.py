@@ -85,17 +85,17 @@ def _exercise(spark, workdir: Path) -> None:
     windows = parsed.groupBy(F.window("event_time", "5 minutes"), "page").agg(F.count("*").alias("events"))
     windows.collect()
     target = DeltaTable.forPath(spark, table)
-    (target.alias("t").merge(rows.alias("s"), "t.id = s.id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    target.alias("t").merge(rows.alias("s"), "t.id = s.id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
     target.history().collect()
     spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
 
-    def merge_batch(batch, batch_id):
+    def each_batch(batch, batch_id):
         batch.dropDuplicates(["id"]).count()
 
     query = (
         spark.readStream.format("delta")
         .load(table)
-        .writeStream.foreachBatch(merge_batch)
+        .writeStream.foreachBatch(each_batch)
         .option("checkpointLocation", str(workdir / "checkpoint"))
         .trigger(availableNow=True)
         .start()

@@ -127,9 +127,9 @@ def driver_java_options(extra_conf: dict[str, str] | None = None, cache_dir: Pat
     """The driver's Java options with the archive added, or None when the driver should start as is.
 
     None when no archive was written for this runtime, when spark-submit started the driver JVM
-    already (pyspark inside spark-submit), when the given options
-    already choose class-data sharing, or when a ``spark-defaults.conf`` sets the driver's Java
-    options (a builder value would replace them).
+    already (pyspark inside spark-submit), when the given options already choose class-data sharing,
+    or when a ``spark-defaults.conf`` sets the driver's Java options (a builder value would replace
+    them).
 
     Example::
 
