@@ -342,12 +342,11 @@ class Nemesis:
     def crash(self) -> str:
         from ..pipeline.recovery.crash_points import POINTS
 
-        stream = self.rng.choice(STREAMS)
-        if self.pending_refusals(stream):
+        chosen = self._stream_with_work()
+        if chosen is None:
             return self.step()
-        self._feed(stream)
+        stream, batch = chosen
         point = self.rng.choice(POINTS)
-        batch = self.next_batch(stream)
         code, output = self.command(
             "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{stream}:{point}:{batch}"}
         )
@@ -358,11 +357,10 @@ class Nemesis:
     def freeze(self) -> str:
         from ..pipeline.recovery.crash_points import BEFORE_SINK_COMMIT
 
-        stream = self.rng.choice(STREAMS)
-        if self.pending_refusals(stream):
+        chosen = self._stream_with_work()
+        if chosen is None:
             return self.step()
-        self._feed(stream)
-        batch = self.next_batch(stream)
+        stream, batch = chosen
         at = f"{stream}:{BEFORE_SINK_COMMIT}:{batch}"
         frozen, log_path = self.start(
             "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{at}:freeze"}
@@ -476,6 +474,15 @@ class Nemesis:
             return
         for name in STREAMS[STREAMS.index(stream) :] if downstream else (stream,):
             self.expecting.pop(name, None)
+
+    def _stream_with_work(self) -> tuple[str, int] | None:
+        """A stream whose next batch will have records, and that batch's id; None when the stream's
+        next start is predicted to refuse (the caller lets a plain run meet the refusal instead)."""
+        stream = self.rng.choice(STREAMS)
+        if self.pending_refusals(stream):
+            return None
+        self._feed(stream)
+        return stream, self.next_batch(stream)
 
     def _feed(self, stream: str) -> None:
         """Committed records, carried up to ``stream``'s input, so that its next batch has work."""
