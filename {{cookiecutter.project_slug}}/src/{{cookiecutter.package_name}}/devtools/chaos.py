@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -257,10 +258,16 @@ def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
         return [tuple(row) for row in connection.execute(query).fetchall()]
 
 
+def hadoop_filesystem(spark, path: str):
+    """(Hadoop Path, its FileSystem) of any URI, with ``spark``'s credentials: the runners' own, not the
+    pipeline's ``delta/files.py``, so that what they check is read without the pipeline's code."""
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path, hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+
+
 def batch_ids(spark, directory: str) -> list[int]:
     """The batch ids of a checkpoint's ``offsets`` or ``commits`` directory (any Hadoop URI), sorted."""
-    path = spark._jvm.org.apache.hadoop.fs.Path(directory)
-    filesystem = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    path, filesystem = hadoop_filesystem(spark, directory)
     if not filesystem.exists(path):
         return []
     names = [status.getPath().getName() for status in filesystem.listStatus(path)]
@@ -273,8 +280,7 @@ def pending_batches(spark, checkpoint_root: str) -> int:
     ``checkpoint_root`` is any Hadoop URI (a local directory, ``s3a://...``): it is listed through
     ``spark``'s Hadoop filesystem, with that session's credentials.
     """
-    root = spark._jvm.org.apache.hadoop.fs.Path(checkpoint_root)
-    filesystem = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    root, filesystem = hadoop_filesystem(spark, checkpoint_root)
     if not filesystem.exists(root):
         return 0
     pending = 0
@@ -475,11 +481,19 @@ def judge(spark, config, ledger: Ledger, env: dict[str, str]) -> tuple[dict[str,
     return anomalies, egress_aborted
 
 
-def _wait_for_first_batch(pipeline: subprocess.Popen, log_path: Path, timeout_s: float, number: int) -> None:
+def wait_while_running(condition: Callable[[], bool], process: subprocess.Popen, timeout_s: float) -> bool:
+    """Poll ``condition`` until it holds (True), or until ``process`` exits or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
-    while BATCH_DONE not in log_path.read_text(errors="replace"):
-        if pipeline.poll() is not None:
-            raise RuntimeError(f"the pipeline exited with {pipeline.returncode} before kill {number}; see {log_path}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"run {number} finished no batch in {timeout_s:.0f} s; see {log_path}")
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
         time.sleep(0.2)
+    return True
+
+
+def _wait_for_first_batch(pipeline: subprocess.Popen, log_path: Path, timeout_s: float, number: int) -> None:
+    if wait_while_running(lambda: BATCH_DONE in log_path.read_text(errors="replace"), pipeline, timeout_s):
+        return
+    if pipeline.poll() is not None:
+        raise RuntimeError(f"the pipeline exited with {pipeline.returncode} before kill {number}; see {log_path}")
+    raise RuntimeError(f"run {number} finished no batch in {timeout_s:.0f} s; see {log_path}")

@@ -53,10 +53,12 @@ from .chaos import (
     Ledger,
     batch_ids,
     egress_env,
+    hadoop_filesystem,
     judge,
     numbered_record,
     pipeline_command,
     storage_env,
+    wait_while_running,
 )
 
 STREAMS = ("bronze", "silver", "gold")
@@ -332,7 +334,7 @@ class Nemesis:
         if while_starting:
             time.sleep(self.rng.uniform(1.0, 8.0))
         else:
-            if not _wait_for(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
+            if not wait_while_running(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
                 self.report.findings.append(f"run --layer {layer} ended or stalled before a batch: see {log_path}")
             time.sleep(self.rng.uniform(0.0, 4.0))
         if not self._kill(process, log_path, f"run --layer {layer}"):
@@ -365,7 +367,7 @@ class Nemesis:
         frozen, log_path = self.start(
             "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{at}:freeze"}
         )
-        if not _wait_for(lambda: _state(frozen.pid) == "T", frozen, 300):
+        if not wait_while_running(lambda: _state(frozen.pid) == "T", frozen, 300):
             return f"{stream} batch {batch} never froze (exit {frozen.poll()})"
         time.sleep(LEASE_TTL_S + 2)
         taken_by = self.rng.choice(["another process", "reset"])
@@ -495,8 +497,7 @@ class Nemesis:
         return Lakehouse(self.config.lakehouse_root).checkpoint(stream)
 
     def _filesystem(self, path: str):
-        hadoop_path = self.spark._jvm.org.apache.hadoop.fs.Path(path)
-        return hadoop_path, hadoop_path.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        return hadoop_filesystem(self.spark, path)
 
     def committed_batches(self, checkpoint: str) -> list[int]:
         return batch_ids(self.spark, f"{checkpoint}/commits")
@@ -576,15 +577,6 @@ def _state(pid: int) -> str:
             return stat.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
-
-
-def _wait_for(condition: Callable[[], bool], process: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if process.poll() is not None or time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def _last_lines(output: str, lines: int = 6) -> str:
