@@ -481,13 +481,16 @@ def judge(spark, config, ledger: Ledger, env: dict[str, str]) -> tuple[dict[str,
     return anomalies, egress_aborted
 
 
-def wait_while_running(condition: Callable[[], bool], process: subprocess.Popen, timeout_s: float) -> bool:
-    """Poll ``condition`` until it holds (True), or until ``process`` exits or ``timeout_s`` passes (False)."""
+def wait_while_running(
+    condition: Callable[[], bool], process: subprocess.Popen, timeout_s: float, every_s: float = 0.2
+) -> bool:
+    """Poll ``condition`` every ``every_s`` until it holds (True), or until ``process`` exits or
+    ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if process.poll() is not None or time.monotonic() > deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(every_s)
     return True
 
 

@@ -20,7 +20,8 @@ what the world does to them:
 * ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
                 continuous run may be writing to it;
-* ``broker``    the broker restarted (when the runner started it).
+* ``broker``    the broker restarted (when the runner started it), while a continuous run writes; the
+                run must carry on through it.
 
 Some actions must make the next start refuse (gold's checkpoint lost, a checkpoint older than its
 table): the runner predicts which refusals may come, and a refusal it did not predict is an
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql.functions import col
 
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from .chaos import (
@@ -454,10 +456,29 @@ class Nemesis:
         return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
 
     def restart_broker(self) -> str:
+        """The broker stopped and started again while a continuous run of every stream writes. The run
+        must carry on through the restart: the records committed after it reach bronze, or the run is an
+        anomaly (then killed either way). A refusal predicted for a start is met first, by a run to the
+        end of what is there, so that the continuous run starts."""
+        if self.pending_refusals():
+            code, output = self.command("run", "--layer", "all", "--available-now")
+            self.expect_ok("run --layer all before a broker restart", code, output)
+        self.produce(committed=True)
+        process, log_path = self.start("run", "--layer", "all")
+        if not wait_while_running(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
+            self.report.findings.append(f"run --layer all ended or stalled before a batch: see {log_path}")
         self.broker.stop(timeout=10)
         time.sleep(self.rng.uniform(0.0, 3.0))
         self.broker.start()
-        return "broker restarted"
+        before = set(self.ledger.committed)
+        self.produce(committed=True)
+        after = sorted(set(self.ledger.committed) - before)
+        resumed = wait_while_running(lambda: self._in_bronze(after), process, 180, every_s=2.0)
+        if not resumed:
+            self.report.anomalies["runs_stalled_by_a_broker_restart"] += 1
+            self.report.findings.append(f"the run did not take in records after the broker restart: see {log_path}")
+        self._kill(process, log_path, "run across a broker restart")
+        return f"broker restarted while a run wrote: {'it carried on' if resumed else 'it stalled'}"
 
     # --- what the runner knows ----------------------------------------------------------------
 
@@ -539,6 +560,14 @@ class Nemesis:
         if not self._exists(path):
             return False
         return self.spark.read.format("delta").load(path).limit(1).count() > 0
+
+    def _in_bronze(self, keys: list[str]) -> bool:
+        """Whether bronze holds a record of each of ``keys``."""
+        path = Lakehouse(self.config.lakehouse_root).table(BRONZE)
+        if not self._exists(path):
+            return False
+        rows = self.spark.read.format("delta").load(path).where(col("key").cast("string").isin(keys))
+        return rows.select("key").distinct().count() == len(keys)
 
     def _exists(self, path: str) -> bool:
         hadoop_path, filesystem = self._filesystem(path)
