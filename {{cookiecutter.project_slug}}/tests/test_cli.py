@@ -85,8 +85,10 @@ def test_produce_run_show_audit_and_checkpoints_from_the_command_line(spark, pip
     assert sorted(coordinates(BRONZE)) == committed
     assert sorted(coordinates(SILVER) + coordinates(QUARANTINE)) == committed
 
-    assert main(["show", "silver", "--limit", "1"]) == 0
-    assert f"{SILVER}: {len(coordinates(SILVER))} rows" in capsys.readouterr().out
+    assert main(["show", "silver", "quarantine", "--limit", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert f"{SILVER}: {len(coordinates(SILVER))} rows" in shown
+    assert f"{QUARANTINE}: {len(coordinates(QUARANTINE))} rows" in shown
 
     assert main(["audit", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

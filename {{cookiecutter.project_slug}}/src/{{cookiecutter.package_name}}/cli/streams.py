@@ -25,9 +25,11 @@ def register(commands) -> None:
     describe_parser.add_argument("--json", action="store_true")
     describe_parser.set_defaults(handler=print_description)
 
-    show_parser = commands.add_parser("show", help="print a table")
-    show_parser.add_argument("table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()])
-    show_parser.add_argument("--limit", type=int, default=20)
+    show_parser = commands.add_parser("show", help="print tables (one Spark start for all of them)")
+    show_parser.add_argument(
+        "tables", nargs="+", metavar="table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()]
+    )
+    show_parser.add_argument("--limit", type=int, default=20, help="rows printed per table")
     show_parser.set_defaults(handler=show)
 
 
@@ -156,17 +158,25 @@ def show(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.contract import EVENTS
     from ..pipeline.delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
 
-    if args.table in installed_names():
-        return _show_egress(connect(config, egress=True, asked=args.table), args.table, args.limit)
-    name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[args.table]
-    table = spark_session(config, "show").read.format("delta").load(Lakehouse(config.lakehouse_root).table(name))
-    ordering = list(EVENTS.gold_key) if args.table == "gold" else KAFKA_KEY_COLUMNS
-    print(f"{name}: {table.count()} rows")
-    table.orderBy(*ordering).show(args.limit, truncate=False)
+    egresses = [name for name in args.tables if name in installed_names()]
+    # Every egress named is checked (on, reachable) before Spark starts.
+    egress_config = config
+    for stream in egresses:
+        egress_config = connect(config, egress=True, asked=stream)
+    for name in args.tables:
+        if name in egresses:
+            _show_egress(egress_config, name, args.limit)
+            continue
+        table_name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[name]
+        path = Lakehouse(config.lakehouse_root).table(table_name)
+        table = spark_session(config, "show").read.format("delta").load(path)
+        ordering = list(EVENTS.gold_key) if name == "gold" else KAFKA_KEY_COLUMNS
+        print(f"{table_name}: {table.count()} rows")
+        table.orderBy(*ordering).show(args.limit, truncate=False)
     return ExitCode.OK
 
 
-def _show_egress(config: Config, stream: str, limit: int) -> int:
+def _show_egress(config: Config, stream: str, limit: int) -> None:
     """Print what an egress's sink holds, read back as its consumers see it (gold's columns and gold_version)."""
     from ..pipeline.contract import EVENTS
     from ..pipeline.egress import configured
@@ -176,4 +186,3 @@ def _show_egress(config: Config, stream: str, limit: int) -> int:
     where = ", ".join(f"{key} {value}" for key, value in module.describe(config).items())
     print(f"{stream} ({where}): {rows.count()} rows")
     rows.orderBy(*EVENTS.gold_key).show(limit, truncate=False)
-    return ExitCode.OK
