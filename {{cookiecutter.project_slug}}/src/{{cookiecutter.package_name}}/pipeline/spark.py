@@ -1,19 +1,25 @@
 """The one place a SparkSession is built: Delta Lake plus the Kafka connector (and S3A for a lakehouse on S3).
 
 The driver JVM starts from a class-data archive when ``setup`` wrote one (``class_archive.py`` writes
-it; here is where it lives and when a driver uses it).
+it; here is where it lives and when a driver uses it). And it starts from the jar files that the
+first start resolved its packages to: spark-submit otherwise runs Ivy at every start (a second of CPU
+on a busy machine) to find the same files again (``resolved_jars``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pyspark
 from delta import configure_spark_with_delta_pip
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 # The connector must match the running Spark exactly; taking the version from the
@@ -70,6 +76,9 @@ PROVIDED_BY_SPARK = (
     "org.xerial.snappy:snappy-java",
 )
 JAR_EXCLUDES = "spark.jars.excludes"
+JARS = "spark.jars"
+# Settings that change what Ivy resolves packages to: part of a resolved list's key.
+_RESOLUTION_SETTINGS = ("spark.jars.repositories", "spark.jars.ivy", "spark.jars.ivySettings")
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # The JVM prints one warning line when it cannot use an archive (written for another JVM build or
 # classpath) and starts without it: that is the intended fallback, not worth a line in a command's output.
@@ -151,6 +160,63 @@ def driver_java_options(extra_conf: dict[str, str] | None = None, cache_dir: Pat
     return " ".join(filter(None, [given, f"-XX:SharedArchiveFile={archive}", _QUIET]))
 
 
+def resolved_jars_path(packages: list[str], conf: dict[str, str], cache_dir: Path | None = None) -> Path:
+    """Where the jar files that ``packages`` resolve to under ``conf`` are listed, beside the archive.
+
+    Keyed by Delta's version, the packages and every setting that changes the resolution (excludes,
+    repositories, Ivy's settings): another list of packages is resolved, and listed, anew.
+
+    Example::
+
+        resolved_jars_path([KAFKA_CONNECTOR], {})  # ~/.cache/lakehouse-spark/5d41402abc4b/jars-1f0e3dad9990.txt
+    """
+    if not isinstance(packages, list) or not all(isinstance(package, str) for package in packages):
+        raise TypeError(f"packages must be a list of Maven coordinates, not {packages!r}")
+    if not isinstance(conf, dict):
+        raise TypeError(f"conf must be a dict of Spark settings, not {type(conf).__name__}")
+    parts = [importlib.metadata.version("delta-spark"), *sorted(packages)]
+    parts += [f"{key}={conf.get(key, '')}" for key in (JAR_EXCLUDES, *_RESOLUTION_SETTINGS)]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return archive_dir(cache_dir) / f"jars-{key}.txt"
+
+
+def resolved_jars(packages: list[str], conf: dict[str, str], cache_dir: Path | None = None) -> list[str] | None:
+    """The jar files a previous start resolved ``packages`` to, or None when they must be resolved.
+
+    None when no start listed them yet, when a listed file is gone (an emptied Ivy cache), when
+    spark-submit started the driver already, or when its settings come from elsewhere too
+    (``PYSPARK_SUBMIT_ARGS``, or a ``spark-defaults.conf`` naming jars or packages, which a builder
+    value would replace).
+
+    Example::
+
+        jars = resolved_jars([KAFKA_CONNECTOR], {JAR_EXCLUDES: ",".join(PROVIDED_BY_SPARK)})
+    """
+    listing = resolved_jars_path(packages, conf, cache_dir)
+    if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
+        return None
+    if "spark.jars" in _spark_defaults() or not listing.is_file():
+        return None
+    jars = listing.read_text().split()
+    if not jars or not all(Path(urlparse(jar).path).is_file() for jar in jars):
+        return None
+    return jars
+
+
+def _list_resolved_jars(session: SparkSession, listing: Path, own_jars: str) -> None:
+    """Write down the package jars spark-submit resolved for this session (its ``spark.jars``, less
+    the session's own), for the next start; written whole or not at all."""
+    merged = session.sparkContext._jvm.java.lang.System.getProperty(JARS) or ""
+    own = set(filter(None, own_jars.split(",")))
+    jars = [jar for jar in filter(None, merged.split(",")) if jar not in own and urlparse(jar).path not in own]
+    if not jars:
+        return
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=listing.parent, prefix=".jars-", delete=False) as staged:
+        staged.write("\n".join(jars) + "\n")
+    os.replace(staged.name, listing)
+
+
 def build_spark(
     app_name: str,
     master: str | None = "local[2]",
@@ -196,14 +262,25 @@ def build_spark(
     if java_options:
         conf[DRIVER_JAVA_OPTIONS] = java_options
     excludes = [*PROVIDED_BY_SPARK, *filter(None, conf.pop(JAR_EXCLUDES, "").split(","))]
-    builder = builder.config(JAR_EXCLUDES, ",".join(excludes))
+    conf[JAR_EXCLUDES] = ",".join(excludes)
+    packages = [KAFKA_CONNECTOR, *(extra_packages or [])]
+    jars = resolved_jars(packages, conf)
+    own_jars = conf.get(JARS, "")
+    if jars:
+        # The files a previous start resolved the same packages to: no Ivy run at this start.
+        conf[JARS] = ",".join([*jars, *filter(None, own_jars.split(","))])
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if jars:
+        return builder.getOrCreate()
+    # A session already running in this process was started with packages of its own.
+    launches = SparkContext._active_spark_context is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
     # configure_spark_with_delta_pip overwrites spark.jars.packages: never set it above.
-    packages = [KAFKA_CONNECTOR, *(extra_packages or [])]
     session = configure_spark_with_delta_pip(builder, extra_packages=packages).getOrCreate()
-    if "spark.jars" in conf:
+    if own_jars:
         ship_package_jars(session)
+    if launches:
+        _list_resolved_jars(session, resolved_jars_path(packages, conf), own_jars)
     return session
 
 

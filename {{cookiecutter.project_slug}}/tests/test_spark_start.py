@@ -1,7 +1,9 @@
-"""The Spark driver's class archive: written by `setup`, used by every driver the project starts."""
+"""How a Spark driver starts: from the class archive `setup` writes, and from the jar files the first
+start resolved its packages to."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,14 +12,19 @@ import pytest
 from {{ cookiecutter.package_name }}.pipeline.class_archive import write_archive
 from {{ cookiecutter.package_name }}.pipeline.spark import (
     DRIVER_JAVA_OPTIONS,
+    KAFKA_CONNECTOR,
     archive_dir,
     archive_name,
     archive_path,
     driver_java_options,
+    resolved_jars,
+    resolved_jars_path,
 )
 
 # One of the first classes a driver loads from pyspark's jars.
 SPARK_CONTEXT = "org.apache.spark.SparkContext "
+# What spark-submit prints when Ivy resolved the packages.
+IVY_RAN = ":: resolution report ::"
 
 
 def test_a_driver_loads_sparks_classes_from_the_archive_that_setup_writes(tmp_path):
@@ -78,9 +85,57 @@ def test_the_archive_adds_to_the_drivers_own_options_and_defers_to_a_chosen_one(
     assert driver_java_options(cache_dir=tmp_path) is None
 
 
+def test_a_second_start_takes_the_jars_the_first_resolved_and_runs_no_ivy(tmp_path):
+    child = """
+import sys
+from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+spark = build_spark("jars-check")
+spark.range(3).write.format("delta").save(sys.argv[1])
+assert spark.read.format("delta").load(sys.argv[1]).count() == 3
+# The Kafka connector is there: the source resolves (no broker needed until a query runs).
+kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9").option("subscribe", "t")
+assert "offset" in kafka.load().columns
+"""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def start(table: str) -> str:
+        finished = subprocess.run(
+            [sys.executable, "-c", child, str(tmp_path / table)], env=env, timeout=300, capture_output=True, text=True
+        )
+        assert finished.returncode == 0, finished.stderr[-5000:]
+        return finished.stderr
+
+    assert IVY_RAN in start("first")
+    listings = list((tmp_path / "cache").glob("lakehouse-spark/*/jars-*.txt"))
+    assert len(listings) == 1
+    assert any("delta-spark" in jar for jar in listings[0].read_text().split())
+    assert IVY_RAN not in start("second")
+
+
+def test_a_listing_is_used_only_while_every_jar_it_names_is_there(tmp_path, monkeypatch):
+    packages = [KAFKA_CONNECTOR]
+    listing = resolved_jars_path(packages, {}, cache_dir=tmp_path)
+    listing.parent.mkdir(parents=True)
+    jar = tmp_path / "connector.jar"
+    jar.write_bytes(b"PK")
+    listing.write_text(f"file://{jar}\n{tmp_path / 'gone.jar'}\n")
+    assert resolved_jars(packages, {}, cache_dir=tmp_path) is None  # an emptied Ivy cache: resolve again
+
+    listing.write_text(f"file://{jar}\n")
+    assert resolved_jars(packages, {}, cache_dir=tmp_path) == [f"file://{jar}"]
+    # Other packages or other resolution settings have a listing of their own.
+    assert resolved_jars([*packages, "org.example:extra:1.0"], {}, cache_dir=tmp_path) is None
+    assert resolved_jars(packages, {"spark.jars.repositories": "https://repo.example"}, cache_dir=tmp_path) is None
+    # Packages given some other way are spark-submit's to resolve.
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--packages org.example:extra:1.0 pyspark-shell")
+    assert resolved_jars(packages, {}, cache_dir=tmp_path) is None
+
+
 @pytest.mark.parametrize("wrong", [42, ["spark.driver.extraJavaOptions"]])
-def test_the_archive_helpers_refuse_wrong_arguments_before_any_jvm(wrong):
+def test_the_start_up_helpers_refuse_wrong_arguments_before_any_jvm(wrong):
     with pytest.raises(TypeError):
         archive_dir(wrong)
     with pytest.raises(TypeError):
         driver_java_options(wrong)
+    with pytest.raises(TypeError):
+        resolved_jars_path(wrong, wrong)
