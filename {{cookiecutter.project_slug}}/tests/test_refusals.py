@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 
 import {{ cookiecutter.package_name }}
-from {{ cookiecutter.package_name }}.devtools.nemesis import CHECKPOINT_LOST, MISMATCH, TABLE_AHEAD, refusals_found, way_out_of
+from {{ cookiecutter.package_name }}.devtools.nemesis import (
+    CHECKPOINT_LOST,
+    MISMATCH,
+    SOURCE_LOST,
+    TABLE_AHEAD,
+    refusals_found,
+    way_out_of,
+)
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 from {{ cookiecutter.package_name }}.pipeline.refusals import RUNBOOK_BEGIN, RUNBOOK_END, Refusal, runbook
 
@@ -53,14 +60,19 @@ def test_a_refusal_rendered_without_a_fact_it_needs_fails_loudly():
 
 
 @pytest.mark.parametrize(
-    "refusal, kind",
-    [(Refusal.CHECKPOINT_LOST, CHECKPOINT_LOST), (Refusal.TABLE_AHEAD, TABLE_AHEAD), (Refusal.MISMATCH, MISMATCH)],
+    "refusal, kind, way_out",
+    [
+        (Refusal.CHECKPOINT_LOST, CHECKPOINT_LOST, "checkpoints reset gold"),
+        (Refusal.TABLE_AHEAD, TABLE_AHEAD, "checkpoints reset gold"),
+        (Refusal.MISMATCH, MISMATCH, "checkpoints reset gold"),
+        (Refusal.SOURCE_RECORDS_LOST, SOURCE_LOST, "checkpoints accept-loss"),
+    ],
 )
-def test_the_nemesis_recognises_each_refusal_it_predicts_and_takes_the_way_out_it_names(refusal, kind):
+def test_the_nemesis_recognises_each_refusal_it_predicts_and_takes_the_way_out_it_names(refusal, kind, way_out):
     # The fault schedule (devtools/nemesis.py) reads refusals from the command line's output.
     named = {"reset", "reset_only", "rebuilds", "accept"}
     message = refusal.message("gold", **{name: f"<{name}>" for name in refusal.entry.fields() - named})
     output = f"a batch's log line\nconfig error\n{message}\n"
 
     assert refusals_found(output) == {kind}
-    assert way_out_of(output) == "checkpoints reset gold"
+    assert way_out_of(output) == way_out

@@ -20,6 +20,10 @@ what the world does to them:
 * ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
                 continuous run may be writing to it;
+* ``retention`` the oldest records of a partition deleted (DeleteRecords, as retention does): only
+                records bronze holds, or records it has not read yet too, which its next start must
+                refuse to skip, naming ``checkpoints accept-loss``; those records are lost on purpose
+                and the oracle stops expecting them;
 * ``broker``    the broker restarted (when the runner started it), while a continuous run writes; the
                 run must carry on through it.
 
@@ -44,9 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql.functions import col
+from pyspark.sql.functions import max as max_
 
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from .chaos import (
@@ -59,6 +64,7 @@ from .chaos import (
     judge,
     numbered_record,
     pipeline_command,
+    read_topic,
     storage_env,
     wait_while_running,
 )
@@ -72,10 +78,12 @@ LEASE_TTL_S = 12
 CHECKPOINT_LOST = "gold's checkpoint lost"
 TABLE_AHEAD = "a table ahead of its checkpoint"
 MISMATCH = "a checkpoint of another stream"
+SOURCE_LOST = "records Kafka deleted before bronze read them"
 FOUND = {
     CHECKPOINT_LOST: "is missing while",
     TABLE_AHEAD: "is behind it",
     MISMATCH: "does not match the tables it writes",
+    SOURCE_LOST: "Kafka no longer holds the records bronze needs next",
 }
 REFUSED = 3
 # The command a refusal's way out names, after the console script (one word, or `python -m <package>`):
@@ -144,8 +152,8 @@ class Nemesis:
         self.run = f"nemesis{seed}-{uuid.uuid4().hex[:6]}"
         self.topic = self.run
         self.client = client_config(config)
-        admin = AdminClient(self.client)
-        admin.create_topics([NewTopic(self.topic, num_partitions=2, replication_factor=1)])[self.topic].result(30)
+        self.admin = AdminClient(self.client)
+        self.admin.create_topics([NewTopic(self.topic, num_partitions=2, replication_factor=1)])[self.topic].result(30)
         inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
         self.env = {
             **inherited,
@@ -156,7 +164,7 @@ class Nemesis:
             "PIPELINE_LEASE_TTL": f"{LEASE_TTL_S} seconds",
             # Batches small enough that a backlog takes several: more boundaries for faults to land on.
             "KAFKA_MAX_OFFSETS_PER_TRIGGER": "60",
-            **egress_env(config, self.run, admin),
+            **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
         s3.prepare(config)
@@ -185,6 +193,7 @@ class Nemesis:
             ("lose", 1, lambda: True, self.lose),
             ("reset", 1, lambda: True, self.reset),
             ("maintain", 1, lambda: True, self.maintain),
+            ("retention", 1, lambda: True, self.retention),
             ("broker", 1, lambda: self.broker is not None, self.restart_broker),
         ]
 
@@ -305,6 +314,12 @@ class Nemesis:
             self.ledger.aborted.update(key for key, _ in batch)
         return f"{count} records {'committed' if committed else 'aborted'}"
 
+    def work(self) -> None:
+        """Records for the batch a fault is about to land in: an aborted transaction, then a committed
+        one, so that the batch's source must skip the first (``read_committed``) where it is killed."""
+        self.produce(committed=False)
+        self.produce(committed=True)
+
     def drain(self) -> str:
         code, output = self.command("run", "--layer", "all", "--available-now")
         self.expect_ok("drain", code, output)
@@ -326,7 +341,7 @@ class Nemesis:
         return f"{stream} exit {code}"
 
     def kill(self) -> str:
-        self.produce(committed=True)
+        self.work()
         layer = self.rng.choice(["all", "all", *STREAMS])
         if self.pending_refusals(None if layer == "all" else layer):
             # A refused start exits on its own: let a drain meet the refusal instead.
@@ -376,7 +391,7 @@ class Nemesis:
         if taken_by == "reset":
             code, output = self._run(("checkpoints", "reset", stream, "--yes"), None)
             self.expect_ok(f"checkpoints reset {stream}", code, output)
-            self._refusals_cleared(stream, downstream=True)
+            self._refusals_cleared(stream, downstream=True, reset=True)
         code, output = self.command("run", "--layer", stream, "--available-now")
         self.expect_ok(f"run --layer {stream} while one is frozen", code, output)
         os.kill(frozen.pid, signal.SIGCONT)
@@ -407,11 +422,11 @@ class Nemesis:
         self._copy(older, current)
         if lost:
             # Whether the table moved on since the copy is unknown here: a refusal may come, or not.
-            self.expecting[stream] = ({TABLE_AHEAD, MISMATCH}, False)
+            self.expect(stream, {TABLE_AHEAD, MISMATCH}, False)
         elif not same_stream:
-            self.expecting[stream] = ({MISMATCH, TABLE_AHEAD}, True)
+            self.expect(stream, {MISMATCH, TABLE_AHEAD}, True)
         elif moved_on:
-            self.expecting[stream] = ({TABLE_AHEAD}, True)
+            self.expect(stream, {TABLE_AHEAD}, True)
         return f"{stream}'s checkpoint put back ({'lost before' if lost else 'moved on' if moved_on else 'same'})"
 
     def lose(self) -> str:
@@ -419,7 +434,7 @@ class Nemesis:
         self._delete(self.checkpoint(stream))
         # Bronze and silver resume without one; gold's rows are sums, which it would count again.
         if stream == "gold" and self._has_rows("gold"):
-            self.expecting[stream] = ({CHECKPOINT_LOST}, True)
+            self.expect(stream, {CHECKPOINT_LOST}, True)
         return f"{stream}'s checkpoint deleted"
 
     def reset(self) -> str:
@@ -429,7 +444,7 @@ class Nemesis:
         self.expect_ok(f"checkpoints reset {stream}", code, output)
         if code == 0:
             # A reset rebuilds the stream and, without --only, everything downstream of it.
-            self._refusals_cleared(stream, downstream=not only)
+            self._refusals_cleared(stream, downstream=not only, reset=True)
         return f"{stream}{' --only' if only else ''} exit {code}"
 
     def maintain(self) -> str:
@@ -440,7 +455,7 @@ class Nemesis:
         operation = self.rng.choice(["OPTIMIZE", "VACUUM"])
         running = None
         if not self.pending_refusals() and self.rng.random() < 0.5:
-            self.produce(committed=True)
+            self.work()
             running = self.start("run", "--layer", "all")
         outcome = "done"
         try:
@@ -455,6 +470,40 @@ class Nemesis:
                 self._kill(*running, f"run during {operation}")
         return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
 
+    def retention(self) -> str:
+        """Kafka deletes the oldest records of one partition, as retention does. Half the time only
+        records bronze holds (nothing is lost), otherwise also records it has not read yet, through a
+        committed one: bronze's next start must refuse to skip them and name the way out. The runner
+        forgets those records (they are lost on purpose); a start that skips them without a refusal
+        shows as a predicted refusal missed."""
+        held = self._bronze_ends()
+        if not held:
+            return "bronze holds no record yet"
+        past = self.rng.random() < 0.5 and not self.pending_refusals("bronze")
+        if past:
+            unread = self._unread_committed(held)
+            if not unread:
+                self.produce(committed=True)
+                unread = self._unread_committed(held)
+            partition = self.rng.choice(sorted({partition for partition, _, _ in unread}))
+            in_partition = sorted((offset, key) for part, offset, key in unread if part == partition)
+            through = self.rng.randrange(len(in_partition))
+            cut = in_partition[through][0] + 1
+            lost = [key for _, key in in_partition[: through + 1]]
+        else:
+            partition = self.rng.choice(sorted(held))
+            cut = self.rng.randint(1, held[partition])
+            lost = []
+        for future in self.admin.delete_records([TopicPartition(self.topic, partition, cut)]).values():
+            future.result(30)
+        for key in lost:
+            del self.ledger.committed[key]
+            self.ledger.lost.add(key)
+        if lost:
+            self.expect("bronze", {SOURCE_LOST}, True)
+        what = f"{len(lost)} committed records bronze had not read" if lost else "only records bronze holds"
+        return f"partition {partition} deleted below offset {cut}: {what}"
+
     def restart_broker(self) -> str:
         """The broker stopped and started again while a continuous run of every stream writes. The run
         must carry on through the restart: the records committed after it reach bronze, or the run is an
@@ -463,7 +512,7 @@ class Nemesis:
         if self.pending_refusals():
             code, output = self.command("run", "--layer", "all", "--available-now")
             self.expect_ok("run --layer all before a broker restart", code, output)
-        self.produce(committed=True)
+        self.work()
         process, log_path = self.start("run", "--layer", "all")
         if not wait_while_running(lambda: BATCH_DONE in log_path.read_text(errors="replace"), process, 300):
             self.report.findings.append(f"run --layer all ended or stalled before a batch: see {log_path}")
@@ -482,6 +531,12 @@ class Nemesis:
 
     # --- what the runner knows ----------------------------------------------------------------
 
+    def expect(self, stream: str, kinds: set[str], certain: bool) -> None:
+        """A start of ``stream`` may now meet one of ``kinds`` (must meet one, when ``certain``), as well
+        as what it was predicted to meet before."""
+        before, was_certain = self.expecting.get(stream, (set(), False))
+        self.expecting[stream] = (before | kinds, was_certain or certain)
+
     def pending_refusals(self, stream: str | None = None) -> set[str]:
         """The refusals a start of ``stream`` (None: every stream) may meet."""
         streams = STREAMS if stream is None else (stream,)
@@ -491,12 +546,15 @@ class Nemesis:
         streams = STREAMS if stream is None else (stream,)
         return any(self.expecting.get(name, (set(), False))[1] for name in streams)
 
-    def _refusals_cleared(self, stream: str | None = None, downstream: bool = False) -> None:
-        if stream is None:
-            self.expecting.clear()
-            return
-        for name in STREAMS[STREAMS.index(stream) :] if downstream else (stream,):
-            self.expecting.pop(name, None)
+    def _refusals_cleared(self, stream: str | None = None, downstream: bool = False, reset: bool = False) -> None:
+        """A stream ran (or was ``reset``): the refusals predicted for it, and with ``downstream`` for the
+        streams below it, are behind it. A reset leaves records Kafka lost to bronze lost: bronze
+        resumes after what it holds, and still finds them gone."""
+        names = STREAMS if stream is None else STREAMS[STREAMS.index(stream) :] if downstream else (stream,)
+        for name in names:
+            kinds, certain = self.expecting.pop(name, (set(), False))
+            if reset and SOURCE_LOST in kinds:
+                self.expecting[name] = ({SOURCE_LOST}, certain)
 
     def _stream_with_work(self) -> tuple[str, int] | None:
         """A stream whose next batch will have records, and that batch's id; None when the stream's
@@ -508,8 +566,8 @@ class Nemesis:
         return stream, self.next_batch(stream)
 
     def _feed(self, stream: str) -> None:
-        """Committed records, carried up to ``stream``'s input, so that its next batch has work."""
-        self.produce(committed=True)
+        """Records (``work``), carried up to ``stream``'s input, so that its next batch has work."""
+        self.work()
         for upstream in STREAMS[: STREAMS.index(stream)]:
             code, output = self.command("run", "--layer", upstream, "--available-now")
             self.expect_ok(f"run --layer {upstream}", code, output)
@@ -560,6 +618,24 @@ class Nemesis:
         if not self._exists(path):
             return False
         return self.spark.read.format("delta").load(path).limit(1).count() > 0
+
+    def _bronze_ends(self) -> dict[int, int]:
+        """For each partition of the run's topic bronze holds records of: the offset after its last one."""
+        path = Lakehouse(self.config.lakehouse_root).table(BRONZE)
+        if not self._exists(path):
+            return {}
+        rows = self.spark.read.format("delta").load(path).where(col("topic") == self.topic)
+        lasts = rows.groupBy("partition").agg(max_("offset").alias("last")).collect()
+        return {row.partition: row.last + 1 for row in lasts}
+
+    def _unread_committed(self, ends: dict[int, int]) -> list[tuple[int, int, str]]:
+        """The committed records of the ledger that Kafka holds past bronze's last one: (partition, offset, key)."""
+        unread = []
+        for partition, offset, key, _ in read_topic(self.client, self.topic, "read_committed"):
+            name = (key or b"").decode()
+            if name in self.ledger.committed and offset >= ends.get(partition, 0):
+                unread.append((partition, offset, name))
+        return unread
 
     def _in_bronze(self, keys: list[str]) -> bool:
         """Whether bronze holds a record of each of ``keys``."""
