@@ -34,6 +34,7 @@ from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.bronze import FIRST_OFFSETS, resume_offsets
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
+from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
     GOLD,
@@ -209,6 +210,40 @@ def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(
     assert json.loads(Path(winner.path).read_text())["owner"] == winner.record.owner
     winner.check()  # the winner still holds it
     winner.release()
+
+
+def test_a_directory_or_file_deleted_between_look_and_read_reads_as_absent(spark, tmp_path):
+    # Another process releases a lease (deletes its file and directory) while this one reads them:
+    # Hadoop's exists() says yes, then listing or opening raises FileNotFoundException.
+    directory = tmp_path / "bronze.leases"
+    path = str(directory)
+    stop = threading.Event()
+
+    def release_and_take_again() -> None:
+        while not stop.is_set():
+            directory.mkdir(exist_ok=True)
+            (directory / "0000000001").write_text("{}")
+            shutil.rmtree(directory, ignore_errors=True)
+
+    deleter = threading.Thread(target=release_and_take_again, daemon=True)
+    deleter.start()
+    fs, jvm_path = files.filesystem(spark, path)
+    raced, deadline = 0, time.monotonic() + 60
+    try:
+        while raced < 3 and time.monotonic() < deadline:
+            # A plain look-then-read: proves the window is hit in this run.
+            try:
+                if fs.exists(jvm_path):
+                    fs.listStatus(jvm_path)
+            except Exception as error:  # noqa: BLE001 - Py4JJavaError wrapping FileNotFoundException
+                assert "FileNotFoundException" in str(error), error
+                raced += 1
+            assert files.list_names(spark, path) in ([], ["0000000001"])
+            assert files.read_text(spark, f"{path}/0000000001") in (None, "", "{}")
+    finally:
+        stop.set()
+        deleter.join()
+    assert raced >= 3, "the deletions never landed between a look and a read: nothing was tested"
 
 
 def test_a_holder_not_renewed_for_three_quarters_of_its_lease_may_write_nothing(spark, tmp_path):
