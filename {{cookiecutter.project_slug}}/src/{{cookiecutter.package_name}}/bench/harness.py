@@ -279,9 +279,9 @@ class Bench:
         from ..pipeline import s3
 
         conf = self.spark.sparkContext.getConf()
-        if "hadoop-aws" not in (conf.get("spark.jars.packages") or "") or (
-            conf.get("spark.delta.logStore.s3a.impl") != s3.LOG_STORE_CLASS
-        ):
+        # As packages, or as the jar files an earlier start resolved them to (pipeline/spark.py).
+        jars = f"{conf.get('spark.jars.packages') or ''},{conf.get('spark.jars') or ''}"
+        if "hadoop-aws" not in jars or conf.get("spark.delta.logStore.s3a.impl") != s3.LOG_STORE_CLASS:
             raise RuntimeError(
                 "the running SparkSession was started without S3A and the S3 log store: start it with "
                 "pipeline.s3.connector_options (as tests/conftest.py does), or let the bench start its own"
