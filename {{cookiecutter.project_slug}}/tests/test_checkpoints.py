@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
@@ -650,6 +650,11 @@ def test_only_real_offsets_are_needed_earliest_and_latest_name_none():
         ("clicks", 0): 0,
     }
     assert needed_offsets(None) == {}
+    # A partition added after the offsets were written: Spark reads it from 0.
+    assert needed_offsets('{"events": {"0": 120, "1": -2}}', {"events": [0, 1, 2], "clicks": [0]}) == {
+        ("events", 0): 120,
+        ("events", 2): 0,
+    }
 
 
 def test_a_lost_checkpoint_resumes_a_partition_bronze_holds_nothing_of_where_bronze_began(spark, config):
@@ -663,8 +668,9 @@ def test_a_lost_checkpoint_resumes_a_partition_bronze_holds_nothing_of_where_bro
 
     resumed = json.loads(resume_offsets(spark, config, lakehouse, ids))
 
-    # Not from Kafka's first record: what came before offset 7 was never bronze's.
-    assert resumed == {topic: {str(p): 7 if p == 0 else -2 for p in topic_partitions(config)[topic]}}
+    # Not from Kafka's first record: what came before offset 7 was never bronze's. The other partitions,
+    # which bronze's first checkpoint did not read, were added after it began: Spark reads those from 0.
+    assert resumed == {topic: {str(p): 7 if p == 0 else 0 for p in topic_partitions(config)[topic]}}
 
 
 @pytest.mark.slow
@@ -675,13 +681,17 @@ def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepte
     read = produce_records(pipeline_env, 30, seed=16)
     assert main(["run", "--layer", "all", "--available-now"]) == 0
     before = partition_ends(pipeline_env, topic)
+    # A partition added meanwhile, which bronze's checkpoint has never seen: Spark reads it from 0.
+    admin = AdminClient(client_config(pipeline_env))
+    admin.create_partitions([NewPartitions(topic, len(before) + 1)])[topic].result(30)
+    added = len(before)
     produce_records(pipeline_env, 20, seed=17)
     # Retention deletes them (and, below them, what bronze read) before bronze runs again.
     deleted = partition_ends(pipeline_env, topic)
     delete_records_below(pipeline_env, topic, deleted)
     later = produce_records(pipeline_env, 10, seed=18)
-    gaps = {p: (before[p], deleted[p]) for p in deleted if deleted[p] > before[p]}
-    assert gaps, "no partition lost a record: the scenario did not happen"
+    gaps = {p: (before.get(p, 0), deleted[p]) for p in deleted if deleted[p] > before.get(p, 0)}
+    assert added in gaps and len(gaps) > 1, f"the scenario did not happen: gaps {gaps}"
 
     refusal = refused_run(capsys)
     assert "Kafka no longer holds the records bronze needs next: " in refusal

@@ -158,7 +158,7 @@ def check_retained(
 
         check_retained(spark, config, lakehouse, '{"events": {"0": 120}}', {"events": "Xh1..."})  # or CheckpointError
     """
-    gaps = retention.find_gaps(config, retention.needed_offsets(needed), topic_ids)
+    gaps = retention.find_gaps(config, retention.needed_offsets(needed, topic_partitions(config)), topic_ids)
     if not gaps:
         return
     described = "; ".join(gap.describe() for gap in gaps)
@@ -250,12 +250,13 @@ def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> 
         needed = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
     else:
         return []
-    return retention.find_gaps(config, retention.needed_offsets(needed), sources.recorded_ids)
+    return retention.find_gaps(config, retention.needed_offsets(needed, topic_partitions(config)), sources.recorded_ids)
 
 
 def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
     """startingOffsets JSON: the next offset after what bronze holds of each topic's current id; in a partition
-    bronze holds nothing of, where its first checkpoint began reading it (``first_offsets``), else earliest.
+    bronze holds nothing of, where its first checkpoint began reading it (``first_offsets``); in a
+    partition added to the topic after that, 0, where Spark reads an added partition from; else earliest.
 
     Rows of a topic's earlier incarnation (another id) say nothing about the current one's offsets. Where
     a gap of records Kafka deleted was accepted (``kafka/retention.py``), bronze resumes after the gap.
@@ -277,12 +278,16 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
             .agg((F.max("offset") + 1).alias("next_offset"))
             .collect()
         }
-    resume = {**first_offsets(spark, lakehouse, topic_ids), **ingested}
+    began = first_offsets(spark, lakehouse, topic_ids)
+    resume = {**began, **ingested}
+    current = topic_partitions(config)
+    for topic in {topic for topic, _ in began}:
+        for partition in current.get(topic, []):
+            resume.setdefault((topic, partition), 0)  # added after bronze began reading the topic
     for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse).items():
         if topic_ids.get(topic) == topic_id and (topic, partition) in resume:
             resume[(topic, partition)] = max(resume[(topic, partition)], end)
     offsets = {
-        topic: {str(p): resume.get((topic, p), EARLIEST) for p in partitions}
-        for topic, partitions in topic_partitions(config).items()
+        topic: {str(p): resume.get((topic, p), EARLIEST) for p in partitions} for topic, partitions in current.items()
     }
     return json.dumps(offsets)

@@ -9,7 +9,8 @@ is now, so it cannot see records that are no longer there.
 
 Bronze therefore compares, at every start, the next offset it needs in each partition (where the last
 batch it holds ended, or where its checkpoint began before any, see ``bronze.next_offsets``; starting
-without a checkpoint, after the offsets it holds) with the first offset Kafka still holds:
+without a checkpoint, after the offsets it holds; in a partition added to the topic since, 0, where
+Spark reads an added partition from) with the first offset Kafka still holds:
 
 * with ``kafka.fail_on_data_loss`` (the default) a gap is refused (``Refusal.SOURCE_RECORDS_LOST``),
   naming each partition and its offsets, with the way out ``checkpoints accept-loss``: it records the
@@ -68,25 +69,40 @@ class Gap:
         return f"{self.topic}[{self.partition}] offsets {self.start}-{self.end - 1} ({self.offsets})"
 
 
-def needed_offsets(offsets_json: str | None) -> dict[tuple[str, int], int]:
+def needed_offsets(
+    offsets_json: str | None, partitions: dict[str, list[int]] | None = None
+) -> dict[tuple[str, int], int]:
     """The next offset a stream needs in each partition, from a Spark Kafka offsets JSON; "earliest" and
     "latest" (negative) name no offset and are left out.
+
+    With ``partitions`` (each topic's partitions as Kafka reports them now), a partition of a topic in
+    the JSON that the JSON leaves out was added to the topic after those offsets were written. Spark
+    reads such a partition from offset 0 (a later first offset is a data loss to it), so it is needed
+    from 0.
 
     Example::
 
         needed_offsets('{"events": {"0": 120, "1": -2}}')  # {("events", 0): 120}
+        needed_offsets('{"events": {"0": 120}}', {"events": [0, 1]})  # {("events", 0): 120, ("events", 1): 0}
     """
+    if partitions is not None and not isinstance(partitions, dict):
+        raise TypeError(f"partitions must map each topic to its partitions, not {type(partitions).__name__}")
     if not offsets_json:
         return {}
     parsed = json.loads(offsets_json)
     if not isinstance(parsed, dict):
         raise ValueError(f"not a Kafka offsets JSON: {offsets_json!r}")
-    return {
+    needed = {
         (topic, int(partition)): int(offset)
-        for topic, partitions in parsed.items()
-        for partition, offset in partitions.items()
+        for topic, offsets in parsed.items()
+        for partition, offset in offsets.items()
         if int(offset) >= 0
     }
+    for topic, offsets in parsed.items():
+        for partition in (partitions or {}).get(topic, []):
+            if str(partition) not in offsets:
+                needed[(topic, partition)] = 0
+    return needed
 
 
 def find_gaps(config: Config, needed: dict[tuple[str, int], int], topic_ids: dict[str, str]) -> list[Gap]:
