@@ -212,6 +212,20 @@ def test_two_processes_taking_over_the_same_expired_lease_cannot_both_win(
     winner.release()
 
 
+def test_a_lease_record_cut_short_is_held_by_its_age_and_names_no_process_to_kill(spark, tmp_path):
+    # A holder killed while it wrote its record (on a local disk the file is there before its text).
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    cut_short = Path(lease.lease_path(lakehouse, "silver", 1))
+    cut_short.parent.mkdir(parents=True)
+    cut_short.write_text('{"owner": "0b1')
+
+    with pytest.raises(lease.LeaseHeld) as refused:
+        lease.acquire(spark, lakehouse, "silver")
+    assert "held by a process whose record cannot be read" in str(refused.value)
+    assert "kill -TERM -1" not in str(refused.value), "kill -1 signals every process the user may signal"
+    assert "kill -TERM <pid>" in str(refused.value)
+
+
 def test_a_directory_or_file_deleted_between_look_and_read_reads_as_absent(spark, tmp_path):
     # Another process releases a lease (deletes its file and directory) while this one reads them:
     # Hadoop's exists() says yes, then listing or opening raises FileNotFoundException.

@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 # Long enough that a busy driver (a full GC, a slow object store) renews in
 # time; short enough that a holder lost with its host frees the stream soon.
 DEFAULT_TTL_S = 60.0
+# The owner of a lease record that cannot be read: judged by its file's age, and it names no process.
+UNREADABLE = "unreadable"
 # A holder writes only while its last renewal is younger than ttl less this share of it: the
 # margin covers the clock difference between hosts and the time a renewal takes to land.
 SAFETY_MARGIN_SHARE = 0.25
@@ -106,6 +108,8 @@ class LeaseRecord:
     ttl_s: float
 
     def describe(self) -> str:
+        if self.owner == UNREADABLE:
+            return "a process whose record cannot be read (its writer died mid-write, or it was edited)"
         return f"pid {self.pid} on host {self.host}, started {self.started}"
 
 
@@ -379,14 +383,16 @@ def holding(
 def _held_message(stream: str, path: str, found: LeaseRecord | None, way_out: str) -> str:
     if found is None:
         return Refusal.LEASE_RACE.message(stream, then=way_out, path=path)
+    # Never `kill -TERM -1` (every process the user may signal) for a record that names no pid.
+    unknown = found.owner == UNREADABLE
     return Refusal.LEASE_HELD.message(
         stream,
         then=way_out,
         path=path,
         holder=found.describe(),
         age=f"{(_now_ms() - found.renewed_ms) / 1000:.0f}",
-        pid=found.pid,
-        host=found.host,
+        pid="<pid>" if unknown else found.pid,
+        host="<the host running it>" if unknown else found.host,
         expires=time.strftime("%H:%M:%S", time.localtime(found.renewed_ms / 1000 + found.ttl_s)),
         ttl=f"{found.ttl_s:.0f}",
     )
@@ -480,7 +486,7 @@ def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
         modified = fs.getFileStatus(jvm_path).getModificationTime()
     except Exception:
         return None
-    return LeaseRecord("unreadable", "?", "?", -1, "?", modified, DEFAULT_TTL_S)
+    return LeaseRecord(UNREADABLE, "?", "?", -1, "?", modified, DEFAULT_TTL_S)
 
 
 def _write(spark: SparkSession, path: str, record: LeaseRecord, overwrite: bool) -> bool:
