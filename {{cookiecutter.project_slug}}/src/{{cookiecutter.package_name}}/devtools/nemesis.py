@@ -24,6 +24,8 @@ what the world does to them:
                 records bronze holds, or records it has not read yet too, which its next start must
                 refuse to skip, naming ``checkpoints accept-loss``; those records are lost on purpose
                 and the oracle stops expecting them;
+* ``partition`` a partition added to the topic (up to four), which every stream must take in from
+                its first record;
 * ``broker``    the broker restarted (when the runner started it), while a continuous run writes; the
                 run must carry on through it.
 
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pyspark.sql.functions import col
 from pyspark.sql.functions import max as max_
 
@@ -74,6 +76,7 @@ TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": 
 # Every process of the run holds its stream's lease this long without renewal: short, so that a
 # frozen process loses it within the run, long enough that a busy machine renews in time.
 LEASE_TTL_S = 12
+MAX_PARTITIONS = 4
 # Refusals, recognised by what their message says was found (pipeline/refusals.py words them).
 CHECKPOINT_LOST = "gold's checkpoint lost"
 TABLE_AHEAD = "a table ahead of its checkpoint"
@@ -153,7 +156,9 @@ class Nemesis:
         self.topic = self.run
         self.client = client_config(config)
         self.admin = AdminClient(self.client)
-        self.admin.create_topics([NewTopic(self.topic, num_partitions=2, replication_factor=1)])[self.topic].result(30)
+        self.partitions = 2
+        topic = NewTopic(self.topic, num_partitions=self.partitions, replication_factor=1)
+        self.admin.create_topics([topic])[self.topic].result(30)
         inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
         self.env = {
             **inherited,
@@ -194,6 +199,7 @@ class Nemesis:
             ("reset", 1, lambda: True, self.reset),
             ("maintain", 1, lambda: True, self.maintain),
             ("retention", 1, lambda: True, self.retention),
+            ("partition", 1, lambda: self.partitions < MAX_PARTITIONS, self.add_partition),
             ("broker", 1, lambda: self.broker is not None, self.restart_broker),
         ]
 
@@ -289,6 +295,24 @@ class Nemesis:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         return True
+
+    def _stop(self, process: subprocess.Popen, log_path: Path, what: str) -> None:
+        """Stop a continuous run as an operator does (`kill -TERM <pid>` of the driver: it stops after its
+        current batch and releases its leases); an anomaly when it had ended on its own or does not stop
+        in time. Only the driver: a SIGTERM to its JVM too (the whole process group) stops the JVM under
+        a lease renewal it is writing (docs/runbook.md, When a stream fails)."""
+        if process.poll() is not None:
+            self.report.anomalies["runs_that_ended_on_their_own"] += 1
+            self.report.findings.append(f"{what} exited {process.returncode} before its stop: see {log_path}")
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.report.anomalies["runs_that_did_not_stop"] += 1
+            self.report.findings.append(f"{what} did not stop within 180 s of SIGTERM: see {log_path}")
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
     def expect_ok(self, what: str, code: int, output: str) -> None:
         if code != 0:
@@ -504,6 +528,14 @@ class Nemesis:
         what = f"{len(lost)} committed records bronze had not read" if lost else "only records bronze holds"
         return f"partition {partition} deleted below offset {cut}: {what}"
 
+    def add_partition(self) -> str:
+        """One more partition in the topic: the producer's keys spread over it from now on."""
+        self.partitions += 1
+        self.admin.create_partitions([NewPartitions(self.topic, self.partitions)])[self.topic].result(30)
+        # The producer learns of it now, not at its next metadata refresh minutes later.
+        self.producer.list_topics(self.topic, timeout=10)
+        return f"the topic has {self.partitions} partitions"
+
     def restart_broker(self) -> str:
         """The broker stopped and started again while a continuous run of every stream writes. The run
         must carry on through the restart: the records committed after it reach bronze, or the run is an
@@ -526,7 +558,7 @@ class Nemesis:
         if not resumed:
             self.report.anomalies["runs_stalled_by_a_broker_restart"] += 1
             self.report.findings.append(f"the run did not take in records after the broker restart: see {log_path}")
-        self._kill(process, log_path, "run across a broker restart")
+        self._stop(process, log_path, "run across a broker restart")
         return f"broker restarted while a run wrote: {'it carried on' if resumed else 'it stalled'}"
 
     # --- what the runner knows ----------------------------------------------------------------
