@@ -102,7 +102,9 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
     try:
         return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
     except Py4JJavaError as error:
-        if _caused_by(error, _GONE):
+        # A local directory that vanishes while it is listed reads as denied access or an invalid
+        # directory (Java's File.list() answered null): absent if it is gone now.
+        if _caused_by(error, _GONE) or not fs.exists(jvm_path):
             return []
         raise
 
