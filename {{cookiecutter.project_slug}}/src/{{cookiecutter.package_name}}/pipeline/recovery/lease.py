@@ -380,6 +380,29 @@ def holding(
             lease.release()
 
 
+@contextmanager
+def between_writes() -> Iterator[None]:
+    """Hold every lease of this process between two of its writes for the duration of a block.
+
+    A lease record is written in several steps (create, write, close); a crash point that freezes the
+    process models a pause inside a batch, not one inside those steps, which would leave the record
+    cut short for as long as the process is stopped.
+
+    Example::
+
+        with between_writes():
+            os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    locks = [held._lock for held in list(_HELD.values())]
+    for lock in locks:
+        lock.acquire()
+    try:
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
 def _held_message(stream: str, path: str, found: LeaseRecord | None, way_out: str) -> str:
     if found is None:
         return Refusal.LEASE_RACE.message(stream, then=way_out, path=path)
