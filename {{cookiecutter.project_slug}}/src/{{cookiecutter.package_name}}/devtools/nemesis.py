@@ -539,7 +539,7 @@ class Nemesis:
     def restart_broker(self) -> str:
         """The broker stopped and started again while a continuous run of every stream writes. The run
         must carry on through the restart: the records committed after it reach bronze, or the run is an
-        anomaly (then killed either way). A refusal predicted for a start is met first, by a run to the
+        anomaly (then stopped either way). A refusal predicted for a start is met first, by a run to the
         end of what is there, so that the continuous run starts."""
         if self.pending_refusals():
             code, output = self.command("run", "--layer", "all", "--available-now")

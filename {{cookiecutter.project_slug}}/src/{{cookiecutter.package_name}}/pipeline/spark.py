@@ -195,7 +195,7 @@ def resolved_jars(packages: list[str], conf: dict[str, str], cache_dir: Path | N
     listing = resolved_jars_path(packages, conf, cache_dir)
     if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
         return None
-    if "spark.jars" in _spark_defaults() or not listing.is_file():
+    if JARS in _spark_defaults() or not listing.is_file():
         return None
     jars = listing.read_text().split()
     if not jars or not all(Path(urlparse(jar).path).is_file() for jar in jars):
@@ -295,7 +295,7 @@ def ship_package_jars(session: SparkSession) -> None:
     if not isinstance(session, SparkSession):
         raise TypeError(f"session must be a SparkSession, not {type(session).__name__}")
     context = session.sparkContext._jsc.sc()
-    merged = session.sparkContext._jvm.java.lang.System.getProperty("spark.jars") or ""
+    merged = session.sparkContext._jvm.java.lang.System.getProperty(JARS) or ""
     shipped = {url.rpartition("/")[2] for url in context.listJars().mkString("\n").splitlines()}
     for jar in filter(None, merged.split(",")):
         if jar.rpartition("/")[2] not in shipped:
