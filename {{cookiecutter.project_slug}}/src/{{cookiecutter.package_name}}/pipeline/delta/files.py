@@ -1,8 +1,17 @@
 """Small files beside the tables (checkpoint metadata, leases, sink versions), read and written
 through Hadoop's filesystem, so a lakehouse on an object store works the same as on a local disk.
+
+A reader sees a file whole or not at all, even when its writer is killed or stopped mid-write: on
+S3 nothing is visible before the upload completes; on a local disk the text is written beside the
+file and then linked (a new file) or renamed (a replacement) into place, one atomic step each.
+Elsewhere (HDFS) Hadoop writes in place, and a reader that cannot parse what it finds must retry
+and then judge the file by its age (recovery/lease.py does).
 """
 
 from __future__ import annotations
+
+import os
+import uuid
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
@@ -41,8 +50,21 @@ def read_text(spark: SparkSession, path: str) -> str | None:
 
 
 def write_text(spark: SparkSession, path: str, text: str, overwrite: bool = False) -> None:
-    """Write the file; without ``overwrite`` an existing file raises (FileAlreadyExistsException)."""
+    """Write the file whole; without ``overwrite`` an existing file raises (FileAlreadyExistsException,
+    or FileExistsError on a local disk).
+
+    Example::
+
+        write_text(spark, "/data/lake/checkpoints/gold/sink_versions/41", '{"gold": 7}', overwrite=True)
+    """
     fs, jvm_path = filesystem(spark, path)
+    local = _local_path(fs, jvm_path)
+    if local is not None:
+        if overwrite:
+            _replace_local(local, text)
+        elif not _link_local(local, text):
+            raise FileExistsError(f"{path} exists")
+        return
     stream = fs.create(jvm_path, overwrite)
     try:
         stream.write(bytearray(text.encode("utf-8")))
@@ -64,6 +86,9 @@ def create_new(spark: SparkSession, path: str, text: str) -> bool:
             ...  # another process took generation 4 first
     """
     fs, jvm_path = filesystem(spark, path)
+    local = _local_path(fs, jvm_path)
+    if local is not None:
+        return _link_local(local, text)
     on_s3 = fs.getScheme() == "s3a"
     try:
         if on_s3:
@@ -78,8 +103,8 @@ def create_new(spark: SparkSession, path: str, text: str) -> bool:
     try:
         stream.write(bytearray(text.encode("utf-8")))
     except BaseException:
-        # Nothing reaches S3 before close: abort, never upload half a file. A local stream cannot
-        # abort; it is closed, as before, and a reader refuses what it cannot parse.
+        # Nothing reaches S3 before close: abort, never upload half a file. A stream elsewhere (HDFS)
+        # cannot abort; it is closed, and a reader refuses what it cannot parse.
         if on_s3:
             stream.abort()
         else:
@@ -125,6 +150,53 @@ def delete(spark: SparkSession, path: str, recursive: bool = False) -> None:
     """Delete the file, or the directory with ``recursive``; nothing there is not an error."""
     fs, jvm_path = filesystem(spark, path)
     fs.delete(jvm_path, recursive)
+
+
+def _local_path(fs, jvm_path) -> str | None:
+    """The path on this machine's disk when ``fs`` is the local filesystem, else None."""
+    if fs.getScheme() != "file":
+        return None
+    return str(fs.makeQualified(jvm_path).toUri().getPath())
+
+
+def _aside(path: str, text: str) -> str:
+    """Write ``text`` durably to a new hidden file beside ``path``; its name."""
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    aside = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    with open(aside, "xb") as out:
+        out.write(text.encode("utf-8"))
+        out.flush()
+        os.fsync(out.fileno())
+    return aside
+
+
+def _link_local(path: str, text: str) -> bool:
+    # link(2) fails when the name exists: an exclusive create of a file that is already whole.
+    aside = _aside(path, text)
+    try:
+        os.link(aside, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(aside)
+
+
+def _replace_local(path: str, text: str) -> None:
+    aside = _aside(path, text)
+    directory, name = os.path.split(path)
+    # Hadoop's local filesystem checks a file against a checksum beside it when there is one: an
+    # earlier write through Hadoop left one that the new text would fail.
+    try:
+        os.unlink(os.path.join(directory, f".{name}.crc"))
+    except FileNotFoundError:
+        pass
+    try:
+        os.replace(aside, path)
+    except BaseException:
+        os.unlink(aside)
+        raise
 
 
 def _already_exists(error: Py4JJavaError) -> bool:

@@ -32,13 +32,16 @@ the writes they cover.
 The directory is beside the checkpoint directory, not in it, so ``checkpoints reset`` (which
 deletes the directory) never drops a live lease.
 
-Limits, said plainly. The lease is advisory: only this pipeline's code reads it, so an
-operator's own ``RESTORE``, ``DELETE`` or a hand-run job is not excluded. The exclusive create is
-atomic on a local disk, on HDFS and on S3, where it is a conditional upload (``If-None-Match``,
-``files.create_new``); a renewal overwrites the holder's own generation, which no rival writes, so
-it needs no condition. On another object store without conditional writes, Hadoop checks and
-then writes, and two processes taking the same generation at the same moment can both believe
-they won; each reads the lease back after writing it and at every renewal, and the loser stops.
+Limits, said plainly. The lease is advisory: only this pipeline's code reads it, so an operator's
+own ``RESTORE``, ``DELETE`` or a hand-run job is not excluded. The exclusive create is atomic on a
+local disk (a link), on HDFS and on S3, where it is a conditional upload (``If-None-Match``,
+``files.create_new``); a renewal replaces the holder's own generation, which no rival writes, so it
+needs no condition. On a local disk and on S3 a record is never seen half written, even when its
+writer is killed or stopped mid-write (``files``); on HDFS it can be, and a record that cannot be
+read is judged by its file's age and names no process. On another object store without conditional
+writes, Hadoop checks and then writes, and two processes taking the same generation at the same
+moment can both believe they won; each reads the lease back after writing it and at every renewal,
+and the loser stops.
 Host names must be unique among the machines that run the pipeline, and their clocks must agree
 to well within the margin (15 s at the default ``ttl_s``), since a contender judges expiry on the
 renewal time the holder wrote.
@@ -378,29 +381,6 @@ def holding(
     finally:
         for lease in leases:
             lease.release()
-
-
-@contextmanager
-def between_writes() -> Iterator[None]:
-    """Hold every lease of this process between two of its writes for the duration of a block.
-
-    A lease record is written in several steps (create, write, close); a crash point that freezes the
-    process models a pause inside a batch, not one inside those steps, which would leave the record
-    cut short for as long as the process is stopped.
-
-    Example::
-
-        with between_writes():
-            os.kill(os.getpid(), signal.SIGSTOP)
-    """
-    locks = [held._lock for held in list(_HELD.values())]
-    for lock in locks:
-        lock.acquire()
-    try:
-        yield
-    finally:
-        for lock in reversed(locks):
-            lock.release()
 
 
 def _held_message(stream: str, path: str, found: LeaseRecord | None, way_out: str) -> str:
