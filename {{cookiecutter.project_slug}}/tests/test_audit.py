@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, delta_consumed
-from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
@@ -69,6 +70,52 @@ def produce_events(config, count: int, seed: int, topic: str | None = None) -> l
 
 def event_ids(records) -> set[str]:
     return {json.loads(value)["event_id"] for _, value in records}
+
+
+def test_every_coordinate_check_counts_what_was_planted_and_nothing_else(spark):
+    def keys(*records: tuple[str, int]) -> DataFrame:  # (topic id, offset) in partition 0 of topic "t"
+        rows = [("t", topic_id, 0, offset) for topic_id, offset in records]
+        return spark.createDataFrame(rows, "topic string, topic_id string, partition int, offset long")
+
+    kafka = keys(*(("new", offset) for offset in range(10)))
+    # Offset 9 never reached bronze, 3 came twice, 20 is not in Kafka; offset 0 of the topic's
+    # earlier incarnation ("old") is not in Kafka either, legitimately.
+    bronze = keys(*(("new", offset) for offset in (*range(9), 3, 20)), ("old", 0))
+    # Silver holds 2 twice and 30, which bronze never had; 5 is in silver and quarantine, 6 twice in quarantine.
+    silver = keys(*(("new", offset) for offset in (*range(6), 2, 30)))
+    quarantine = keys(("new", 5), ("new", 6), ("new", 6))
+
+    report = reconcile(kafka, bronze, silver, quarantine, None, "1 minute")
+
+    assert report.counts == {
+        "kafka_committed_records": 10,
+        "bronze_rows": 12,
+        "silver_rows": 8,
+        "quarantine_rows": 3,
+        "newest_records_quarantined_percent": 27,
+        "bronze_records_compacted_away_in_kafka": 0,
+    }
+    assert report.errors == {
+        "kafka_records_missing_in_bronze": 1,  # 9
+        "bronze_records_not_committed_in_kafka": 1,  # 20
+        "bronze_records_missing_in_silver_and_quarantine": 4,  # 7, 8, 20 and the old incarnation's 0
+        "silver_duplicates": 1,
+        "quarantine_duplicates": 1,
+        "records_in_both_silver_and_quarantine": 1,
+        "silver_or_quarantine_records_not_in_bronze": 1,  # 30
+    }
+    assert report.warnings == {"bronze_reingested_duplicates": 1, "newest_records_mostly_quarantined": 0}
+
+    # Silver read only the first six bronze records: 6, 7 and 8 are in flight, 20 was never consumed.
+    consumed = keys(*(("new", offset) for offset in range(6)))
+    in_flight = reconcile(kafka, bronze, silver, quarantine, None, "1 minute", bronze_read=consumed)
+    assert in_flight.errors["bronze_records_missing_in_silver_and_quarantine"] == 0
+    # Kafka's log starts at 1 (retention deleted 0) and compaction removed 1 and 2: bronze's 0 stays
+    # legitimately, while 1 and 2 are in Kafka's range and not there (the topic is not known compacted).
+    compacted = kafka.where("offset >= 3")
+    gaps = reconcile(compacted, bronze, silver, quarantine, None, "1 minute", kafka_log_start={("t", 0): 1})
+    assert gaps.errors["bronze_records_not_committed_in_kafka"] == 3  # 1, 2 and 20
+    assert gaps.errors["kafka_records_missing_in_bronze"] == 1
 
 
 @pytest.mark.slow

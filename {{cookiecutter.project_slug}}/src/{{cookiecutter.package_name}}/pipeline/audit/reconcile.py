@@ -259,12 +259,29 @@ def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFra
     return 0 if share is None else round(100 * share)
 
 
-def _missing(left: DataFrame, right: DataFrame, keys: list[str]) -> int:
-    return left.join(right, keys, "left_anti").count()
+# The sides of the coordinate checks: each counts the copies it holds of a Kafka record.
+SIDES = ("kafka", "bronze", "consumed", "silver", "quarantine")
 
 
-def _extra_copies(rows: DataFrame) -> int:
-    return rows.count() - rows.select(*KAFKA_KEY_COLUMNS).distinct().count()
+def copies_per_record(sides: dict[str, DataFrame]) -> DataFrame:
+    """One row per Kafka record (its coordinates) seen on any side, with the copies each side holds.
+
+    Every coordinate check of the audit is a sum over this one table, so the audit reads each side
+    once and runs one job for all of them instead of a join per check.
+
+    Example::
+
+        copies_per_record({"kafka": kafka_keys, "bronze": bronze_keys, ...}).where("bronze = 0 AND kafka > 0")
+    """
+    if set(sides) != set(SIDES):
+        raise ValueError(f"sides must be exactly {SIDES}, not {sorted(sides)}")
+    tagged = reduce(
+        DataFrame.unionByName,
+        [sides[name].select(*KAFKA_KEY_COLUMNS, F.lit(name).alias("side")) for name in SIDES],
+    )
+    return tagged.groupBy(*KAFKA_KEY_COLUMNS).agg(
+        *[F.sum(F.when(F.col("side") == name, 1).otherwise(0)).alias(name) for name in SIDES]
+    )
 
 
 def reconcile(
@@ -294,39 +311,71 @@ def reconcile(
     """
     if compacted and not {"key", "value"} <= set(kafka.columns) & set(bronze.columns):
         raise ValueError("kafka and bronze must hold key and value to account for compacted topics")
-    kafka_keys = kafka.select(*KAFKA_KEY_COLUMNS).persist()
-    bronze_keys = bronze.select(*KAFKA_KEY_COLUMNS).persist()
-    silver_keys = silver.select(*KAFKA_KEY_COLUMNS).persist()
-    quarantine_keys = quarantine.select(*KAFKA_KEY_COLUMNS).persist()
+    kafka_keys = kafka.select(*KAFKA_KEY_COLUMNS)
+    bronze_keys = bronze.select(*KAFKA_KEY_COLUMNS)
+    silver_keys = silver.select(*KAFKA_KEY_COLUMNS)
+    quarantine_keys = quarantine.select(*KAFKA_KEY_COLUMNS)
+    consumed = bronze_keys if bronze_read is None else bronze_read.select(*KAFKA_KEY_COLUMNS)
+    copies = copies_per_record(
+        {
+            "kafka": kafka_keys,
+            "bronze": bronze_keys,
+            "consumed": consumed,
+            "silver": silver_keys,
+            "quarantine": quarantine_keys,
+        }
+    ).persist()
     try:
-        parsed_keys = silver_keys.unionByName(quarantine_keys)
-        consumed = bronze_keys if bronze_read is None else bronze_read.select(*KAFKA_KEY_COLUMNS)
-        absent, compacted_away = _bronze_not_in_kafka(
-            kafka, kafka_keys, bronze, bronze_keys, compacted, kafka_log_start
-        )
+        absent = _bronze_not_in_kafka(copies, kafka_log_start)
+        parsed = F.col("silver") + F.col("quarantine")
+
+        def total(column, where=None):
+            counted = column if where is None else F.when(where, column).otherwise(0)
+            return F.coalesce(F.sum(counted), F.lit(0))
+
+        def records(where):
+            return F.count_if(where)
+
+        sums = absent.agg(
+            total(F.col("kafka")).alias("kafka_committed_records"),
+            total(F.col("bronze")).alias("bronze_rows"),
+            total(F.col("silver")).alias("silver_rows"),
+            total(F.col("quarantine")).alias("quarantine_rows"),
+            total(F.col("kafka"), F.col("bronze") == 0).alias("kafka_records_missing_in_bronze"),
+            total(F.col("bronze"), F.col("absent")).alias("bronze_records_not_committed_in_kafka"),
+            records((F.col("consumed") > 0) & (parsed == 0)).alias("bronze_records_missing_in_silver_and_quarantine"),
+            total(F.col("silver") - 1, F.col("silver") > 0).alias("silver_duplicates"),
+            total(F.col("quarantine") - 1, F.col("quarantine") > 0).alias("quarantine_duplicates"),
+            total(F.col("silver") * F.col("quarantine")).alias("records_in_both_silver_and_quarantine"),
+            total(parsed, F.col("bronze") == 0).alias("silver_or_quarantine_records_not_in_bronze"),
+            total(F.col("bronze") - 1, F.col("bronze") > 0).alias("bronze_reingested_duplicates"),
+        ).first()
+        not_committed, compacted_away = sums["bronze_records_not_committed_in_kafka"], 0
+        if compacted and not_committed:
+            not_committed, compacted_away = _explained_by_compaction(kafka, bronze, absent, compacted)
         newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)
         report = AuditReport()
         report.counts = {
-            "kafka_committed_records": kafka_keys.count(),
-            "bronze_rows": bronze_keys.count(),
-            "silver_rows": silver_keys.count(),
-            "quarantine_rows": quarantine_keys.count(),
+            "kafka_committed_records": sums["kafka_committed_records"],
+            "bronze_rows": sums["bronze_rows"],
+            "silver_rows": sums["silver_rows"],
+            "quarantine_rows": sums["quarantine_rows"],
             "newest_records_quarantined_percent": newest_quarantined,
             "bronze_records_compacted_away_in_kafka": compacted_away,
         }
         report.errors = {
-            "kafka_records_missing_in_bronze": _missing(kafka_keys, bronze_keys, KAFKA_KEY_COLUMNS),
-            "bronze_records_not_committed_in_kafka": absent,
-            "bronze_records_missing_in_silver_and_quarantine": _missing(
-                consumed.distinct(), parsed_keys, KAFKA_KEY_COLUMNS
-            ),
-            "silver_duplicates": _extra_copies(silver_keys),
-            "quarantine_duplicates": _extra_copies(quarantine_keys),
-            "records_in_both_silver_and_quarantine": silver_keys.join(quarantine_keys, KAFKA_KEY_COLUMNS).count(),
-            "silver_or_quarantine_records_not_in_bronze": _missing(
-                parsed_keys, bronze_keys.distinct(), KAFKA_KEY_COLUMNS
-            ),
+            name: sums[name]
+            for name in (
+                "kafka_records_missing_in_bronze",
+                "bronze_records_not_committed_in_kafka",
+                "bronze_records_missing_in_silver_and_quarantine",
+                "silver_duplicates",
+                "quarantine_duplicates",
+                "records_in_both_silver_and_quarantine",
+                "silver_or_quarantine_records_not_in_bronze",
+            )
         }
+        report.errors["bronze_records_not_committed_in_kafka"] = not_committed
         if gold is not None:
             expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
             report.counts["gold_windows"] = gold.count()
@@ -334,7 +383,7 @@ def reconcile(
         report.warnings = {
             # Re-ingestion (e.g. a bronze replay from older offsets) repeats raw
             # records; silver's key dedup absorbs them, so they are not a loss or a double count.
-            "bronze_reingested_duplicates": _extra_copies(bronze_keys),
+            "bronze_reingested_duplicates": sums["bronze_reingested_duplicates"],
             # Not a loss (quarantine keeps them), but gold no longer grows: a producer changed its events.
             "newest_records_mostly_quarantined": (
                 newest_quarantined if newest_quarantined >= 100 * QUARANTINE_ALERT_SHARE else 0
@@ -342,32 +391,34 @@ def reconcile(
         }
         return report
     finally:
-        for frame in (kafka_keys, bronze_keys, silver_keys, quarantine_keys):
-            frame.unpersist()
+        copies.unpersist()
 
 
-def _bronze_not_in_kafka(
-    kafka: DataFrame, kafka_keys: DataFrame, bronze: DataFrame, bronze_keys: DataFrame, compacted, log_start
-) -> tuple[int, int]:
-    """(bronze records Kafka should hold and does not, those a compacted topic removed legitimately)."""
+def _bronze_not_in_kafka(copies: DataFrame, log_start: dict[tuple[str, int], int] | None) -> DataFrame:
+    """``copies`` with ``absent``: bronze holds the record, Kafka should and does not."""
     # Records Kafka has already deleted by retention stay in bronze legitimately, and so do
     # the records of a topic's earlier incarnation (another topic id): Kafka has none of them.
     incarnation = ["topic", "topic_id", "partition"]
-    floor = kafka_keys.groupBy(*incarnation).agg(F.min("offset").alias("floor"))
+    floor = F.min(F.when(F.col("kafka") > 0, F.col("offset"))).over(Window.partitionBy(*incarnation))
+    rows = copies.withColumn("floor", floor)
     if log_start:
         # Compaction leaves gaps from the log's start on: the floor is where retention stopped.
-        starts = kafka.sparkSession.createDataFrame(
+        starts = copies.sparkSession.createDataFrame(
             [(topic, partition, offset) for (topic, partition), offset in log_start.items()],
             "topic string, partition int, log_start long",
         )
-        floor = floor.join(starts, ["topic", "partition"], "left").select(
-            *incarnation, F.least("floor", F.coalesce("log_start", "floor")).alias("floor")
+        rows = rows.join(F.broadcast(starts), ["topic", "partition"], "left").withColumn(
+            "floor", F.least("floor", F.coalesce("log_start", "floor"))
         )
-    in_range = bronze_keys.join(floor, incarnation).where("offset >= floor").select(*KAFKA_KEY_COLUMNS)
-    absent = in_range.join(kafka_keys, KAFKA_KEY_COLUMNS, "left_anti")
-    if not compacted:
-        return absent.count(), 0
+    # An incarnation Kafka holds nothing of has no floor: none of its records is expected there.
+    absent = (F.col("bronze") > 0) & (F.col("kafka") == 0) & F.coalesce(F.col("offset") >= F.col("floor"), F.lit(False))
+    return rows.withColumn("absent", absent)
+
+
+def _explained_by_compaction(kafka: DataFrame, bronze: DataFrame, absent: DataFrame, compacted) -> tuple[int, int]:
+    """(bronze records Kafka should hold and does not, those a compacted topic removed legitimately)."""
     # Compaction keeps the newest record of each key, and drops a tombstone (null value) after a while.
+    incarnation = ["topic", "topic_id", "partition"]
     by_key = [*incarnation, "key"]
     newest = (
         bronze.select(*by_key, "offset")
@@ -375,9 +426,10 @@ def _bronze_not_in_kafka(
         .groupBy(*by_key)
         .agg(F.max("offset").alias("newest"))
     )
+    missing = absent.where("absent").select(*KAFKA_KEY_COLUMNS, "bronze")
     explained = (
-        absent.distinct()
-        .where(F.col("topic").isin(*sorted(compacted)))
+        missing.where(F.col("topic").isin(*sorted(compacted)))
+        .select(*KAFKA_KEY_COLUMNS)
         .join(bronze.select(*KAFKA_KEY_COLUMNS, "key", "value"), KAFKA_KEY_COLUMNS)
         .join(newest, by_key, "left")
         # Every copy bronze holds at those coordinates must be explained.
@@ -386,4 +438,5 @@ def _bronze_not_in_kafka(
         .where("ok")
         .select(*KAFKA_KEY_COLUMNS)
     )
-    return absent.join(explained, KAFKA_KEY_COLUMNS, "left_anti").count(), explained.count()
+    left = missing.join(explained, KAFKA_KEY_COLUMNS, "left_anti").agg(F.coalesce(F.sum("bronze"), F.lit(0)))
+    return left.first()[0], explained.count()
