@@ -261,6 +261,8 @@ def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFra
 
 # The sides of the coordinate checks: each counts the copies it holds of a Kafka record.
 SIDES = ("kafka", "bronze", "consumed", "silver", "quarantine")
+# A partition of one incarnation of a topic (a topic deleted and created again has another id).
+INCARNATION = ["topic", "topic_id", "partition"]
 
 
 def copies_per_record(sides: dict[str, DataFrame]) -> DataFrame:
@@ -333,9 +335,6 @@ def reconcile(
             counted = column if where is None else F.when(where, column).otherwise(0)
             return F.coalesce(F.sum(counted), F.lit(0))
 
-        def records(where):
-            return F.count_if(where)
-
         sums = absent.agg(
             total(F.col("kafka")).alias("kafka_committed_records"),
             total(F.col("bronze")).alias("bronze_rows"),
@@ -343,7 +342,9 @@ def reconcile(
             total(F.col("quarantine")).alias("quarantine_rows"),
             total(F.col("kafka"), F.col("bronze") == 0).alias("kafka_records_missing_in_bronze"),
             total(F.col("bronze"), F.col("absent")).alias("bronze_records_not_committed_in_kafka"),
-            records((F.col("consumed") > 0) & (parsed == 0)).alias("bronze_records_missing_in_silver_and_quarantine"),
+            F.count_if((F.col("consumed") > 0) & (parsed == 0)).alias(
+                "bronze_records_missing_in_silver_and_quarantine"
+            ),
             total(F.col("silver") - 1, F.col("silver") > 0).alias("silver_duplicates"),
             total(F.col("quarantine") - 1, F.col("quarantine") > 0).alias("quarantine_duplicates"),
             total(F.col("silver") * F.col("quarantine")).alias("records_in_both_silver_and_quarantine"),
@@ -364,18 +365,14 @@ def reconcile(
             "bronze_records_compacted_away_in_kafka": compacted_away,
         }
         report.errors = {
-            name: sums[name]
-            for name in (
-                "kafka_records_missing_in_bronze",
-                "bronze_records_not_committed_in_kafka",
-                "bronze_records_missing_in_silver_and_quarantine",
-                "silver_duplicates",
-                "quarantine_duplicates",
-                "records_in_both_silver_and_quarantine",
-                "silver_or_quarantine_records_not_in_bronze",
-            )
+            "kafka_records_missing_in_bronze": sums["kafka_records_missing_in_bronze"],
+            "bronze_records_not_committed_in_kafka": not_committed,
+            "bronze_records_missing_in_silver_and_quarantine": sums["bronze_records_missing_in_silver_and_quarantine"],
+            "silver_duplicates": sums["silver_duplicates"],
+            "quarantine_duplicates": sums["quarantine_duplicates"],
+            "records_in_both_silver_and_quarantine": sums["records_in_both_silver_and_quarantine"],
+            "silver_or_quarantine_records_not_in_bronze": sums["silver_or_quarantine_records_not_in_bronze"],
         }
-        report.errors["bronze_records_not_committed_in_kafka"] = not_committed
         if gold is not None:
             expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
             report.counts["gold_windows"] = gold.count()
@@ -398,8 +395,7 @@ def _bronze_not_in_kafka(copies: DataFrame, log_start: dict[tuple[str, int], int
     """``copies`` with ``absent``: bronze holds the record, Kafka should and does not."""
     # Records Kafka has already deleted by retention stay in bronze legitimately, and so do
     # the records of a topic's earlier incarnation (another topic id): Kafka has none of them.
-    incarnation = ["topic", "topic_id", "partition"]
-    floor = F.min(F.when(F.col("kafka") > 0, F.col("offset"))).over(Window.partitionBy(*incarnation))
+    floor = F.min(F.when(F.col("kafka") > 0, F.col("offset"))).over(Window.partitionBy(*INCARNATION))
     rows = copies.withColumn("floor", floor)
     if log_start:
         # Compaction leaves gaps from the log's start on: the floor is where retention stopped.
@@ -418,8 +414,7 @@ def _bronze_not_in_kafka(copies: DataFrame, log_start: dict[tuple[str, int], int
 def _explained_by_compaction(kafka: DataFrame, bronze: DataFrame, absent: DataFrame, compacted) -> tuple[int, int]:
     """(bronze records Kafka should hold and does not, those a compacted topic removed legitimately)."""
     # Compaction keeps the newest record of each key, and drops a tombstone (null value) after a while.
-    incarnation = ["topic", "topic_id", "partition"]
-    by_key = [*incarnation, "key"]
+    by_key = [*INCARNATION, "key"]
     newest = (
         bronze.select(*by_key, "offset")
         .unionByName(kafka.select(*by_key, "offset"))
