@@ -403,8 +403,10 @@ def _bronze_not_in_kafka(copies: DataFrame, log_start: dict[tuple[str, int], int
             [(topic, partition, offset) for (topic, partition), offset in log_start.items()],
             "topic string, partition int, log_start long",
         )
+        # The log start names a partition, not an incarnation: an incarnation Kafka holds nothing
+        # of keeps no floor (least() would take the log start alone, its nulls skipped).
         rows = rows.join(F.broadcast(starts), ["topic", "partition"], "left").withColumn(
-            "floor", F.least("floor", F.coalesce("log_start", "floor"))
+            "floor", F.when(F.col("floor").isNotNull(), F.least("floor", "log_start"))
         )
     # An incarnation Kafka holds nothing of has no floor: none of its records is expected there.
     absent = (F.col("bronze") > 0) & (F.col("kafka") == 0) & F.coalesce(F.col("offset") >= F.col("floor"), F.lit(False))
