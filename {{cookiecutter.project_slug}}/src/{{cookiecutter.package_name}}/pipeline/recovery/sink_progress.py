@@ -6,7 +6,7 @@ replay (DeltaLog.update, the same snapshot every Delta read uses) gives the
 table's version, its properties and its txns (from the version's checksum when
 Delta wrote one), without scanning data. A
 RESTORE does not roll txns back, so restores are found in the table history
-(only back to the stream's last tagged commit) and judged by comparing the txn
+(only back to the stream's last tagged commit, from the commit files) and judged by comparing the txn
 just before the RESTORE with the txn of the version it restored to. A table
 that a batch may leave alone (silver, quarantine, gold) has a txn that says
 nothing when an older copy of it is put back; the versions its tables reached
@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from ..delta import files
@@ -92,7 +91,11 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
         txn_batch=txn,
         has_rows=table_has_rows(spark, path) if stream_id is None else None,
         txn_retention=_option(properties.get(TXN_RETENTION_PROPERTY)),
-        undone_by=None if txn is None else _restore_undoing(spark, delta_log, path, stream_id, last_updated_ms),
+        undone_by=(
+            None
+            if txn is None
+            else _restore_undoing(spark, delta_log, path, snapshot.version(), stream_id, last_updated_ms)
+        ),
         rebuilding=_option(properties.get(REBUILDING_PROPERTY % stream)),
     )
 
@@ -154,37 +157,62 @@ def _set_transactions(snapshot):
     return snapshot.setTransactions()
 
 
-def _restore_undoing(spark: SparkSession, delta_log, path: str, app_id: str, last_updated_ms: int | None):
+def _restore_undoing(
+    spark: SparkSession, delta_log, path: str, newest: int, app_id: str, last_updated_ms: int | None
+) -> Restore | None:
     """The newest RESTORE that took the table back past commits tagged with ``app_id``, if any.
 
     RESTORE brings files and properties back but not the set transactions: the
     txn still says the batches are written while their rows are gone. Only the
-    history since the stream's last tagged commit is read (plus the clock
+    commits since the stream's last tagged commit are read (plus the clock
     margin): a RESTORE older than that is followed by commits of the stream.
     """
-    limit = HISTORY_PAGE
-    while True:
-        rows = (
-            DeltaTable.forPath(spark, path)
-            .history(limit)
-            .selectExpr("version", "unix_millis(timestamp) AS ms", "operation", "operationParameters AS params")
-            .collect()
-        )
-        oldest_ms = min((row.ms for row in rows), default=0)
-        # Without a txn time (written by an older Delta) one page is all that is read.
-        enough = last_updated_ms is None or oldest_ms < last_updated_ms - CLOCK_SKEW_MS
-        if len(rows) < limit or enough or limit >= HISTORY_LIMIT:
-            break
-        limit *= 8
-    for row in rows:
-        if row.operation != "RESTORE":
+    history = _recent_commits(spark, path, newest, last_updated_ms)
+    for commit in history:
+        if commit.operation != "RESTORE":
             continue
-        target = _restored_version(row.params or {}, rows)
-        before = _txn_at_version(spark, delta_log, row.version - 1, app_id)
+        target = _restored_version(commit.params, history)
+        before = _txn_at_version(spark, delta_log, commit.version - 1, app_id)
         after = None if target is None else _txn_at_version(spark, delta_log, target, app_id)
         if before is not None and before != after:
-            return Restore(at_version=row.version, to_version=target, before=before, after=after)
+            return Restore(at_version=commit.version, to_version=target, before=before, after=after)
     return None
+
+
+@dataclass(frozen=True)
+class _Commit:
+    version: int
+    ms: int  # the committing driver's clock, as the txn's lastUpdated is
+    operation: str | None
+    params: dict
+
+
+def _recent_commits(spark: SparkSession, path: str, newest: int, since_ms: int | None) -> list[_Commit]:
+    """The commit infos of versions ``newest`` down to the first one older than ``since_ms`` (less
+    the clock margin), newest first; without ``since_ms`` (a txn an older Delta wrote), the last page.
+
+    Read straight from the commit files, in which each line is one action, the commit info among
+    them: Delta's history command reads the same files but runs a Spark job for it, about a second
+    per table at every start. A version whose file the log clean-up removed ends the history.
+    """
+    commits: list[_Commit] = []
+    limit = HISTORY_PAGE if since_ms is None else HISTORY_LIMIT
+    for version in range(newest, max(-1, newest - limit), -1):
+        text = files.read_text(spark, f"{path}/_delta_log/{version:020d}.json")
+        if text is None:
+            break
+        info = next((json.loads(line)["commitInfo"] for line in text.splitlines() if line.startswith(_INFO)), {})
+        commit = _Commit(
+            version, int(info.get("timestamp") or 0), info.get("operation"), info.get("operationParameters") or {}
+        )
+        commits.append(commit)
+        if since_ms is not None and commit.ms < since_ms - CLOCK_SKEW_MS:
+            break
+    return commits
+
+
+# Delta writes each action as a one-key object on its own line.
+_INFO = '{"commitInfo"'
 
 
 def _restored_version(params: dict, history: list) -> int | None:
@@ -198,7 +226,7 @@ def _restored_version(params: dict, history: list) -> int | None:
         wanted_ms = datetime.fromisoformat(stamp).timestamp() * 1000
     except ValueError:
         return None
-    candidates = [row.version for row in history if row.ms <= wanted_ms]
+    candidates = [commit.version for commit in history if commit.ms <= wanted_ms]
     return max(candidates, default=None)
 
 
