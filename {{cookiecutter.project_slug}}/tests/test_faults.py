@@ -73,25 +73,28 @@ def oracle(spark, config, ledger: Ledger) -> dict:
 
 @pytest.mark.faults
 @pytest.mark.storage
-@pytest.mark.parametrize("stream", ["bronze", "silver", "gold"])
-def test_a_crash_at_each_batch_boundary_loses_and_doubles_nothing(spark, config, stream):
+def test_a_crash_at_each_batch_boundary_of_each_stream_loses_and_doubles_nothing(spark, config):
     # Malformed records too: silver's batch then commits to silver and to quarantine.
     ledger = committed_ledger(config, 120, seed=31, malformed_ratio=0.1)
     lakehouse = Lakehouse(config.lakehouse_root)
 
-    # One crash per point, each run replaying the batch the run before it was killed in: every
-    # point is reached on batch 0, and a crash while recovering from a crash is covered too.
-    # Silver's point between its two commits comes before after_sink_commit, so that the replay
-    # which follows it is the one that writes quarantine.
-    points = (*POINTS[:-1], BETWEEN_SINK_COMMITS, POINTS[-1]) if stream == "silver" else POINTS
-    for point in points:
+    # One chain of runs, each killed at the next point and each replaying the batch the run before
+    # it was killed in: every point of every stream is reached on batch 0, and a crash while
+    # recovering from a crash is covered too. Silver's point between its two commits comes before
+    # after_sink_commit, so that the replay which follows it is the one that writes quarantine.
+    chain = [
+        *(("bronze", point) for point in POINTS),
+        *(("silver", point) for point in (*POINTS[:-1], BETWEEN_SINK_COMMITS, POINTS[-1])),
+        *(("gold", point) for point in POINTS),
+    ]
+    for stream, point in chain:
         crash_at = f"{stream}:{point}:0"
         crash_env = pipeline_env(config, **{CRASH_POINT_VAR: crash_at})
         crashed = pipeline("run", "--layer", "all", "--available-now", env=crash_env)
 
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
         assert f"crash point {crash_at}" in crashed.stderr
-        assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1
+        assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1, crash_at
         if point == BETWEEN_SINK_COMMITS:
             # The window is real: silver holds the batch, quarantine nothing of it yet.
             assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() > 0
