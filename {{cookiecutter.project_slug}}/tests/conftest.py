@@ -63,6 +63,18 @@ def spark():
     # With S3A and the conditional-write log store, so that tests/test_s3.py reads and writes the S3
     # server's tables in this session too (it points s3a:// at that server once it runs: s3_spark).
     packages, conf = s3.connector_options()
+    # One session serves a worker's whole share of the suite, hundreds of tests: Spark's status
+    # store kept the last thousand queries, jobs and stages with their plans and task metrics, and
+    # with Delta's cached snapshots that filled the default 1 GB heap (85 % live after a full GC,
+    # a concurrent GC cycle every few seconds). Keep fewer, and give the heap room.
+    conf = {
+        **conf,
+        "spark.driver.memory": "2g",
+        "spark.sql.ui.retainedExecutions": "50",
+        "spark.ui.retainedJobs": "100",
+        "spark.ui.retainedStages": "100",
+        "spark.ui.retainedTasks": "2000",
+    }
     session = build_spark(
         "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
     )
