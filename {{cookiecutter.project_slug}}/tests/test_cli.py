@@ -198,6 +198,7 @@ def test_continuous_run_processes_new_records_and_stops_cleanly_on_sigterm(spark
     output = log.read_text()
     assert pipeline.returncode == 0, output[-5000:]
     assert "Kafka lag" in output
+    assert "INFO py4j" not in output  # one line per call into Python, each batch: not in the log
 
     assert sample(metrics, "lakehouse_input_records_total", stream="bronze") == 100
     for stream in ("bronze", "silver", "gold"):

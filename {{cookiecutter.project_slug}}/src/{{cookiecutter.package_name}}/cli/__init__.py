@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # py4j logs every call the JVM makes into Python (each foreachBatch) at INFO: noise in every
+    # pipeline log and the demo's output. Its warnings and errors still show.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         # Every table checked, the egresses' too, before a command does anything: a bad key exits 2.
         config = configure(load_config(args.env, args.config))

@@ -306,6 +306,9 @@ class LocalKafka:
             "group.initial.rebalance.delay.ms": "0",
             # A transaction open past its timeout is aborted within a second, not ten.
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+            # The log cleaner looks for compactable segments every second, not every 15 s: a
+            # compacted topic (tests, the nemesis) is cleaned soon after its segment rolls.
+            "log.cleaner.backoff.ms": "1000",
             # Topics are created explicitly, so a typo fails instead of silently creating one.
             "auto.create.topics.enable": "false",
         }
