@@ -24,6 +24,10 @@ _EXISTS = ("FileAlreadyExistsException", "RemoteFileChangedException")
 # it between our look and our read (a lease released), or the store dropped it (seen on SeaweedFS: a
 # lease directory whose last file was deleted answered that it exists, then listing it raised this).
 _GONE = ("FileNotFoundException",)
+# A local directory removed while Hadoop lists it reads as denied access or an invalid directory
+# (Java's File.list() answered null, which Hadoop cannot tell from a directory it may not read), and
+# it may be there again at once: list_names looks this many times before the error stands.
+_LIST_ATTEMPTS = 5
 
 
 def filesystem(spark: SparkSession, path: str):
@@ -120,18 +124,30 @@ def create_new(spark: SparkSession, path: str, text: str) -> bool:
 
 
 def list_names(spark: SparkSession, path: str) -> list[str]:
-    """Names in the directory ``path`` ([] when there is none)."""
+    """Names in the directory ``path`` ([] when there is none).
+
+    A directory removed while it is listed (another process released a lease and deleted its
+    directory) reads as absent. On a local disk Hadoop reports that as denied access, and the
+    directory may be there again at once (a third process took the lease): such a listing is taken
+    again, up to ``_LIST_ATTEMPTS`` times, and the error stands only if it keeps failing (a
+    directory this process may not read).
+
+    Example::
+
+        list_names(spark, "s3a://lake/prefix/checkpoints/silver.leases")  # ["0000000003"]
+    """
     fs, jvm_path = filesystem(spark, path)
-    if not fs.exists(jvm_path):
-        return []
-    try:
-        return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
-    except Py4JJavaError as error:
-        # A local directory that vanishes while it is listed reads as denied access or an invalid
-        # directory (Java's File.list() answered null): absent if it is gone now.
-        if _caused_by(error, _GONE) or not fs.exists(jvm_path):
+    for attempt in range(1, _LIST_ATTEMPTS + 1):
+        if not fs.exists(jvm_path):
             return []
-        raise
+        try:
+            return [status.getPath().getName() for status in fs.listStatus(jvm_path)]
+        except Py4JJavaError as error:
+            if _caused_by(error, _GONE):
+                return []
+            if attempt == _LIST_ATTEMPTS or not _vanished_while_listed(error):
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -201,6 +217,11 @@ def _replace_local(path: str, text: str) -> None:
 
 def _already_exists(error: Py4JJavaError) -> bool:
     return _caused_by(error, _EXISTS)
+
+
+def _vanished_while_listed(error: Py4JJavaError) -> bool:
+    """Whether a listing failed the way one does when its directory is removed under it."""
+    return _caused_by(error, ("AccessDeniedException",)) or "Invalid directory" in str(error.java_exception)
 
 
 def _caused_by(error: Py4JJavaError, names: tuple[str, ...]) -> bool:
