@@ -263,6 +263,35 @@ def test_a_directory_or_file_deleted_between_look_and_read_reads_as_absent(spark
     assert raced >= 3, "the deletions never landed between a look and a read: nothing was tested"
 
 
+def test_a_stream_restarted_while_its_last_run_still_releases_the_lease_waits_and_takes_it(
+    spark, tmp_path, monkeypatch
+):
+    # The heartbeat thread releases the lease of a query that ended while the main thread starts
+    # the stream again (an available-now run after another): the restart must not find the file
+    # of its own previous run and refuse the stream as held by this very process.
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    previous = lease.acquire(spark, lakehouse, "gold")
+    deleting, go_on = threading.Event(), threading.Event()
+    delete = files.delete
+
+    def slow_delete(session, path):
+        deleting.set()
+        go_on.wait(10)
+        return delete(session, path)
+
+    monkeypatch.setattr(files, "delete", slow_delete)
+    releasing = threading.Thread(target=previous.release, daemon=True)
+    releasing.start()
+    assert deleting.wait(10)
+    threading.Timer(1.0, go_on.set).start()  # the release's delete lands a second later
+
+    restarted = lease.acquire(spark, lakehouse, "gold")
+    releasing.join(10)
+    assert lease.read_lease(spark, lakehouse, "gold") == (lease.LeaseStatus.HELD, restarted.record)
+    restarted.release()
+    assert lease.read_lease(spark, lakehouse, "gold") == (lease.LeaseStatus.FREE, None)
+
+
 def test_a_holder_not_renewed_for_three_quarters_of_its_lease_may_write_nothing(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lake"))
     held = lease.acquire(spark, lakehouse, "gold", ttl_s=2.0)  # no heartbeat: as if the process stood still

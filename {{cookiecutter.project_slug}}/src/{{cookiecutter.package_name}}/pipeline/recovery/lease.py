@@ -245,7 +245,6 @@ class Lease:
             if self._released.is_set():
                 return
             self._released.set()
-            _HELD.pop(self.directory, None)
             report_lease(self.record.stream, "none")
             try:
                 found = _read(self._spark, self.path)
@@ -253,6 +252,12 @@ class Lease:
                     files.delete(self._spark, self.path)
             except Exception:  # the JVM may be gone at interpreter exit: the lease then expires
                 log.warning("lease %s: not released; it expires in %.0f s", self.path, self.record.ttl_s)
+            finally:
+                # Forgotten only once its file is gone: an acquire in this process that still finds
+                # this lease in _HELD waits on the lock above instead of reading the file and
+                # refusing the stream as held by this very process.
+                if _HELD.get(self.directory) is self:
+                    del _HELD[self.directory]
 
     def heartbeat(self, on_lost: Callable[[], None] | None = None) -> threading.Thread:
         """Renew in a daemon thread (started once) until the lease is released or lost.
