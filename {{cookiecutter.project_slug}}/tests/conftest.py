@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+from {{ cookiecutter.package_name }}.pipeline.spark import build_spark, java_class
 
 STORAGES = ("local", "s3")
 
@@ -161,7 +161,7 @@ class LakehouseFiles:
         self._spark = spark
 
     def _resolve(self, path):
-        hadoop_path = self._spark._jvm.org.apache.hadoop.fs.Path(str(path))
+        hadoop_path = java_class(self._spark, "org.apache.hadoop.fs.Path")(str(path))
         return hadoop_path.getFileSystem(self._spark._jsc.hadoopConfiguration()), hadoop_path
 
     def remove(self, path) -> None:
@@ -176,10 +176,11 @@ class LakehouseFiles:
         (source_fs, source_path), (target_fs, target_path) = self._resolve(source), self._resolve(target)
         assert not (target_fs.exists(target_path) and target_fs.listFiles(target_path, True).hasNext()), target
         target_fs.mkdirs(target_path)
-        hadoop = self._spark._jvm.org.apache.hadoop
+        hadoop_path = java_class(self._spark, "org.apache.hadoop.fs.Path")
+        file_util = java_class(self._spark, "org.apache.hadoop.fs.FileUtil")
         for status in source_fs.listStatus(source_path):
-            child = hadoop.fs.Path(target_path, status.getPath().getName())
-            copied = hadoop.fs.FileUtil.copy(
+            child = hadoop_path(target_path, status.getPath().getName())
+            copied = file_util.copy(
                 source_fs, status.getPath(), target_fs, child, False, self._spark._jsc.hadoopConfiguration()
             )
             assert copied, f"{status.getPath()} was not copied to {child}"

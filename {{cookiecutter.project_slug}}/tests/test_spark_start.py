@@ -17,6 +17,7 @@ from {{ cookiecutter.package_name }}.pipeline.spark import (
     archive_name,
     archive_path,
     driver_java_options,
+    java_class,
     resolved_jars,
     resolved_jars_path,
 )
@@ -139,3 +140,30 @@ def test_the_start_up_helpers_refuse_wrong_arguments_before_any_jvm(wrong):
         driver_java_options(wrong)
     with pytest.raises(TypeError):
         resolved_jars_path(wrong, wrong)
+    with pytest.raises(TypeError):
+        java_class(wrong, "org.apache.hadoop.fs.Path")
+
+
+@pytest.mark.parametrize("name", ["", "Path", ".Path", 42])
+def test_a_jvm_class_must_be_named_in_full(spark, name):
+    with pytest.raises(ValueError, match="a class's full name"):
+        java_class(spark, name)
+
+
+def test_a_jvm_class_named_in_full_is_found_without_walking_its_packages(spark, monkeypatch):
+    client = spark._jvm._gateway_client
+    sent = []
+    send = client.send_command
+
+    def recorded(command, *args, **kwargs):
+        sent.append(command)
+        return send(command, *args, **kwargs)
+
+    monkeypatch.setattr(client, "send_command", recorded)
+
+    path_class = java_class(spark, "org.apache.hadoop.fs.Path")
+    assert sent == []  # nothing asked of the JVM until the class is used
+    assert path_class("/data/lake/checkpoints/gold").getName() == "gold"
+    assert java_class(spark, "scala.Option").empty().isEmpty()
+    # py4j's walk asks "is `org` a class? `org.apache`?" (reflection command "u"): each a search of every jar.
+    assert sent and not [command for command in sent if command.startswith("r\nu\n")], sent

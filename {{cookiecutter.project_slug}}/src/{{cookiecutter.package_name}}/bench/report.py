@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..pipeline.config import duration_seconds
+from ..pipeline.spark import java_class
 
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
@@ -177,7 +178,7 @@ def machine_info(spark) -> dict:
             return None
 
     try:
-        java = spark.sparkContext._jvm.System.getProperty("java.version")
+        java = java_class(spark, "java.lang.System").getProperty("java.version")
     except Exception:  # noqa: BLE001 - informational only
         java = None
     return {

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from py4j.java_gateway import JavaClass
 
 from .sample import EVENT_TYPES
 
@@ -263,7 +264,8 @@ def postgres_rows(settings, table: str) -> list[tuple[int, str, int, Decimal]]:
 def hadoop_filesystem(spark, path: str):
     """(Hadoop Path, its FileSystem) of any URI, with ``spark``'s credentials: the runners' own, not the
     pipeline's ``delta/files.py``, so that what they check is read without the pipeline's code."""
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    # Named in full: py4j resolves `spark._jvm.org.apache...` a dot at a time, each miss a search of every jar.
+    hadoop_path = JavaClass("org.apache.hadoop.fs.Path", spark._jvm._gateway_client)(path)
     return hadoop_path, hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
 
 

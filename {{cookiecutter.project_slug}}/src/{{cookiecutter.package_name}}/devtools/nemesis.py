@@ -56,6 +56,7 @@ from pyspark.sql.functions import col
 from pyspark.sql.functions import max as max_
 
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from ..pipeline.spark import java_class
 from .chaos import (
     ABORT_EVERY,
     BATCH_DONE,
@@ -632,8 +633,8 @@ class Nemesis:
         if not source_fs.exists(source_path):
             return False
         target_fs.mkdirs(target_path)
-        util = self.spark._jvm.org.apache.hadoop.fs.FileUtil
-        hadoop_path = self.spark._jvm.org.apache.hadoop.fs.Path
+        util = java_class(self.spark, "org.apache.hadoop.fs.FileUtil")
+        hadoop_path = java_class(self.spark, "org.apache.hadoop.fs.Path")
         for status in source_fs.listStatus(source_path):
             child = hadoop_path(target_path, status.getPath().getName())
             util.copy(source_fs, status.getPath(), target_fs, child, False, self.spark._jsc.hadoopConfiguration())
@@ -687,7 +688,7 @@ class Nemesis:
             return ""
         stream = filesystem.open(hadoop_path)
         try:
-            return self.spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            return java_class(self.spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
         finally:
             stream.close()
 

@@ -16,6 +16,8 @@ import uuid
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from ..spark import java_class
+
 # S3A's createFile option (HADOOP-19256, Hadoop 3.4.2+) that makes an upload a put-if-absent.
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # What Hadoop raises when the file was there: from create on a filesystem, from close on S3 (412).
@@ -32,7 +34,7 @@ _LIST_ATTEMPTS = 5
 
 def filesystem(spark: SparkSession, path: str):
     """(Hadoop FileSystem, Hadoop Path) of ``path``, with the session's credentials and settings."""
-    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    jvm_path = java_class(spark, "org.apache.hadoop.fs.Path")(path)
     return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()), jvm_path
 
 
@@ -48,7 +50,7 @@ def read_text(spark: SparkSession, path: str) -> str | None:
             return None
         raise
     try:
-        return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        return java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
     finally:
         stream.close()
 

@@ -35,6 +35,7 @@ from pyspark.sql.types import (
 
 from ..contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from ..refusals import Refusal
+from ..spark import java_class
 from . import files
 
 BRONZE = "bronze_events"
@@ -325,9 +326,9 @@ def latest_snapshot(spark: SparkSession, path: str):
 
     Its schema and properties come from the log, without the job that sums up every file.
     """
-    jvm = spark._jvm
-    none = jvm.scala.Option.empty()
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(False, none, none)
+    none = java_class(spark, "scala.Option").empty()
+    delta_log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog")
+    return delta_log.forTable(spark._jsparkSession, path).update(False, none, none)
 
 
 def snapshot_schema(snapshot) -> StructType:
@@ -367,7 +368,9 @@ def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
     snapshot = latest_snapshot(spark, path)
     if snapshot.version() < 0:
         return {}
-    return dict(spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(snapshot.metadata().configuration()))
+    # The metadata action as the log holds it, in one call: a Java map iterated from Python costs
+    # a call per entry and ends on a Java exception that pyspark converts at some expense.
+    return json.loads(snapshot.metadata().json())["metaData"].get("configuration", {})
 
 
 def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:

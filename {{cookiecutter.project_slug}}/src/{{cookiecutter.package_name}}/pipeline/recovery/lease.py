@@ -68,6 +68,7 @@ from ..delta import files
 from ..delta.tables import Lakehouse
 from ..monitoring import report_lease
 from ..refusals import Refusal
+from ..spark import java_class
 from .checkpoints import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -483,7 +484,7 @@ def _read(spark: SparkSession, path: str) -> LeaseRecord | None:
         try:
             stream = fs.open(jvm_path)
             try:
-                text = spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+                text = java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
             finally:
                 stream.close()
             return LeaseRecord(**json.loads(text))

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import latest_snapshot, table_has_rows
+from ..spark import java_class
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 # Set on a stream's tables while a reset rebuilds them (rebuild.py): a start that finds it refuses.
@@ -111,9 +112,9 @@ def record_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int, ta
         raise ValueError("checkpoint, a batch id >= 0 and at least one table must be given")
     # The snapshot this process's own commit left: no listing. A compaction committing meanwhile
     # only makes the recorded version lower, which makes the check at start less strict, never wrong.
-    jvm = spark._jvm.org.apache.spark.sql.delta.DeltaLog
+    delta_log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog")
     versions = {
-        name: jvm.forTable(spark._jsparkSession, path).unsafeVolatileSnapshot().version()
+        name: delta_log.forTable(spark._jsparkSession, path).unsafeVolatileSnapshot().version()
         for name, path in tables.items()
     }
     folder = f"{checkpoint}/{SINK_VERSIONS}"
@@ -233,6 +234,6 @@ def _restored_version(params: dict, history: list) -> int | None:
 def _txn_at_version(spark: SparkSession, delta_log, version: int, app_id: str) -> int | None:
     if version < 0:
         return None
-    none = spark._jvm.scala.Option.empty()
+    none = java_class(spark, "scala.Option").empty()
     txn, _ = _txn(delta_log.getSnapshotAt(version, none, none, False), app_id)
     return txn
