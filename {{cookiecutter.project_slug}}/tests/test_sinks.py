@@ -12,6 +12,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType
 
+from {{ cookiecutter.package_name }}.pipeline.delta import writes
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     GOLD,
     GOLD_SCHEMA,
@@ -191,3 +192,29 @@ def test_a_compaction_committed_during_a_merge_makes_it_retry_and_still_insert_o
     assert "conflicted" in caplog.text
     offsets = [row.offset for row in spark.read.format("delta").load(quarantine).orderBy("offset").collect()]
     assert offsets == list(range(45))
+
+
+def test_state_warm_ups_left_when_a_run_ends_are_cancelled_not_waited_for(spark, lakehouse, monkeypatch):
+    # The warm-up after an availableNow run's last batch serves no batch: a process ending the run
+    # would wait for it at exit. Here the running warm-up is a Spark job that would take 8 s.
+    class SlowState:
+        def __init__(self, path):
+            self.path = path
+
+        def detail(self):
+            return spark.range(1).repartition(1).rdd.map(lambda row: time.sleep(8) or row).toDF()
+
+    monkeypatch.setattr(writes.DeltaTable, "forPath", lambda session, path: SlowState(path))
+    running = writes.warm_up_state(spark, lakehouse.table(GOLD))
+    queued = writes.warm_up_state(spark, lakehouse.table(QUARANTINE))
+    while not running.running():
+        time.sleep(0.05)
+    time.sleep(1.0)  # its job started
+
+    began = time.monotonic()
+    writes.cancel_warm_ups(spark)
+    assert queued.cancelled()
+    running.result(timeout=8)  # the job was cancelled: the warm-up ends without its state
+    assert time.monotonic() - began < 4
+    with pytest.raises(TypeError):
+        writes.cancel_warm_ups("spark")

@@ -32,7 +32,7 @@ from . import bronze, gold, silver
 from .config import Config, duration_seconds
 from .contract import EVENTS, Contract
 from .delta.tables import BRONZE, LAYERS, STREAMS, Lakehouse, Stream, ensure_tables, table_exists
-from .delta.writes import Delivery
+from .delta.writes import Delivery, cancel_warm_ups
 from .egress import configured
 from .egress import stream as egress_stream
 from .kafka import identity
@@ -124,7 +124,10 @@ def run_available_now(
 ) -> None:
     """Process everything available, one stream after the other, so each sees what the one before wrote."""
     for layer in stream_names(config) if layers is None else layers:
-        start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
+        try:
+            start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
+        finally:
+            cancel_warm_ups(spark)  # the warm-up after the last batch has no batch to serve
 
 
 def reset(

@@ -71,8 +71,11 @@ def delta_transaction(session: SparkSession, app_id: str | None, batch_id: int) 
 # need the same state to list files. Computing it right after a commit, while the stream
 # waits for its next trigger, moves that work off the next batch's path: the next
 # transaction finds the same snapshot with its state ready. Nothing else changes: the
-# check itself, and the commit's conflict detection, are Delta's as before.
+# check itself, and the commit's conflict detection, are Delta's as before. A run that ends
+# (availableNow) has no next batch: its warm-ups are cancelled (cancel_warm_ups) rather than
+# finished, which a process would otherwise wait for at exit.
 _warm_up = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-state-warm-up")
+WARM_UP_JOB_TAG = "delta-state-warm-up"
 _warm_ups: dict[str, Future] = {}
 _warm_ups_lock = threading.Lock()
 
@@ -98,8 +101,27 @@ def warm_up_state(session: SparkSession, path: str) -> Future:
         return future
 
 
+def cancel_warm_ups(session: SparkSession) -> None:
+    """Drop the state warm-ups queued and cancel the one running: no batch of this process needs them.
+
+    Example::
+
+        query.awaitTermination()  # an availableNow run, all its batches done
+        cancel_warm_ups(spark)
+    """
+    if not isinstance(session, SparkSession):
+        raise TypeError(f"session must be a SparkSession, not {type(session).__name__}")
+    with _warm_ups_lock:
+        for future in _warm_ups.values():
+            future.cancel()
+        _warm_ups.clear()
+    session.sparkContext.cancelJobsWithTag(WARM_UP_JOB_TAG)
+
+
 def _compute_state(session: SparkSession, path: str) -> None:
     try:
+        # Tagged (this thread's jobs only), so that cancel_warm_ups stops a warm-up and no stream's job.
+        session.sparkContext.addJobTag(WARM_UP_JOB_TAG)
         # DESCRIBE DETAIL reads the file count and size: the snapshot's computed state.
         DeltaTable.forPath(session, path).detail().collect()
     except Exception as error:  # noqa: BLE001 - only an optimisation; the next batch computes it itself
