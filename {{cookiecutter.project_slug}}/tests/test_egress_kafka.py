@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -531,13 +530,13 @@ class BrokerFrozenDuringFirstCommit:
 
     The commit request reaches the broker's socket but is answered only once the broker is
     continued, after the call's own timeout: an outcome the producer cannot know, every time
-    (a short timeout alone races a fast local broker).
+    (a short timeout alone races a fast local broker). The broker is continued when that call
+    returns, not after a fixed time: on a busy machine a timer could fire before the call began.
     """
 
-    def __init__(self, producer, broker_pid: int, frozen_s: float):
+    def __init__(self, producer, broker_pid: int):
         self._producer = producer
         self._pid = broker_pid
-        self._frozen_s = frozen_s
         self.commits = 0
 
     def __getattr__(self, name):
@@ -545,10 +544,13 @@ class BrokerFrozenDuringFirstCommit:
 
     def commit_transaction(self, timeout_s: float):
         self.commits += 1
-        if self.commits == 1:
-            os.kill(self._pid, signal.SIGSTOP)
-            threading.Timer(self._frozen_s, self.thaw).start()
-        return self._producer.commit_transaction(timeout_s)
+        if self.commits > 1:
+            return self._producer.commit_transaction(timeout_s)
+        os.kill(self._pid, signal.SIGSTOP)
+        try:
+            return self._producer.commit_transaction(timeout_s)
+        finally:
+            self.thaw()
 
     def thaw(self) -> None:
         os.kill(self._pid, signal.SIGCONT)
@@ -563,7 +565,7 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
     egress = KafkaEgress(config, settings(config), sid, commit_timeout_s=0.2)
-    frozen = BrokerFrozenDuringFirstCommit(egress.producer, kafka_broker.status()["pid"], frozen_s=2.0)
+    frozen = BrokerFrozenDuringFirstCommit(egress.producer, kafka_broker.status()["pid"])
     egress.producer = frozen
     logger = "{{ cookiecutter.package_name }}.pipeline.egress.kafka"
     try:

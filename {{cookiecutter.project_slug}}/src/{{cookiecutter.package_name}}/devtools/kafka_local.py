@@ -311,10 +311,6 @@ class LocalKafka:
             "log.cleaner.backoff.ms": "1000",
             # Topics are created explicitly, so a typo fails instead of silently creating one.
             "auto.create.topics.enable": "false",
-            # The controller appends an empty record to the metadata log every 500 ms so that brokers
-            # notice a stalled controller; here the broker is the controller. Without them an idle
-            # broker costs about 2 % of a core instead of 3 %, and the suite runs several for an hour.
-            "metadata.max.idle.interval.ms": "0",
         }
         if secure_ports:
             settings.update(kafka_secure.broker_settings(self.secure))
