@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.spark import build_spark, java_class
+from {{ cookiecutter.package_name }}.pipeline.spark import DRIVER_JAVA_OPTIONS, build_spark, java_class
 
 STORAGES = ("local", "s3")
 
@@ -79,7 +79,7 @@ def spark():
         # work, so the C2 compiler pays for itself: on one worker the first test ran 12 % slower (the
         # compiling) and the tests after it about 30 % faster. The code cache keeps its tiered size
         # from JAVA_TOOL_OPTIONS; a later -XX flag wins over an earlier one.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4",
+        DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4",
     }
     session = build_spark(
         "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
