@@ -15,10 +15,12 @@ $(VENV)/.installed: requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-# Hook unit tests, every bake combination, then the slow tier: one baked
-# project installs itself and runs its own `make test` (real Kafka, Spark, Delta).
+# Hook unit tests, every bake combination, and the slow tier: one baked project
+# installs itself and runs its own `make test-all` (real Kafka, Spark, Delta, S3).
+# Two workers: the slow test starts first on one, the other runs the rest (and
+# takes back what was queued behind it) while the bake downloads its packages.
 test: install
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist worksteal tests
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"

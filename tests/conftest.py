@@ -6,6 +6,12 @@ import pytest
 TEMPLATE = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    # The slow tier first: with two workers (`make test`) it starts at once, and the fast
+    # tests run beside it instead of before it.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config):
     # pytest-cookies bakes the template at --template, "." by default: the working
     # directory. Point it at this template wherever pytest is started from.

@@ -309,7 +309,12 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
         check=True,
     )
     project = tmp_path / "clickstream-lakehouse"
-    env = {key: value for key, value in os.environ.items() if key not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    # As from a fresh shell: not this venv, nor what pytest-xdist tells its own workers (PYTEST_XDIST_*).
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"VIRTUAL_ENV", "PYTHONPATH"} and not key.startswith("PYTEST_")
+    }
 
     code, tests = run_logged(["make", "test-all"], project, env, tmp_path / "test-all.log", timeout_s=4200)
     # pytest's closing line; make may print more after it.
