@@ -309,7 +309,7 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
         check=True,
     )
     project = tmp_path / "clickstream-lakehouse"
-    # As from a fresh shell: not this venv, nor what pytest-xdist tells its own workers (PYTEST_XDIST_*).
+    # As from a fresh shell: not this venv, nor the PYTEST_* variables pytest and pytest-xdist set here.
     env = {
         key: value
         for key, value in os.environ.items()
