@@ -66,6 +66,12 @@ def test_kafka_local_status_exits_1_when_no_broker_runs(tmp_path, monkeypatch, c
     assert "not running" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags", [["--count", "0"], ["--limit", "0"]])
+def test_demo_refuses_a_count_or_limit_below_one_before_it_produces_anything(flags, capsys):
+    assert main(["demo", *flags]) == 2
+    assert "demo: --count and --limit must be at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.storage
 def test_produce_run_show_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys, kafka_oracle):
     assert main(["produce-sample", "--count", "80", "--malformed-ratio", "0.2", "--seed", "3"]) == 0

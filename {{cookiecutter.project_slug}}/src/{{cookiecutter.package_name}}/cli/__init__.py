@@ -7,7 +7,7 @@ One module per command group, its parser and its handlers together:
 * ``checkpoints.py``: `checkpoints list`, `checkpoints reset`;
 * ``local_servers.py``: `kafka-local` (and ``postgres_local.py``: `postgres-local`, with a PostgreSQL
   egress), and the one resolver of "local" development servers; ``s3_local.py``: `s3-local`;
-* ``dev.py``: `produce-sample`, `chaos`, `nemesis`, `bench`, `setup`.
+* ``dev.py``: `produce-sample`, `demo`, `chaos`, `nemesis`, `bench`, `setup`.
 
 ``connect.py`` is what a command does before its work (servers resolved, Kafka reached, egress sinks
 checked, Spark built); ``exit_codes.py`` is the one table of exit codes. Development modules are imported
