@@ -72,6 +72,12 @@ def test_demo_refuses_a_count_or_limit_below_one_before_it_produces_anything(fla
     assert "demo: --count and --limit must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["produce-sample", "demo"])
+def test_a_malformed_ratio_outside_zero_to_one_exits_2_naming_the_flag(command, capsys):
+    assert main([command, "--count", "10", "--malformed-ratio", "1.5"]) == 2
+    assert f"{command}: --malformed-ratio must be between 0 and 1, not 1.5" in capsys.readouterr().err
+
+
 @pytest.mark.storage
 def test_produce_run_show_audit_and_checkpoints_from_the_command_line(spark, pipeline_env, capsys, kafka_oracle):
     assert main(["produce-sample", "--count", "80", "--malformed-ratio", "0.2", "--seed", "3"]) == 0

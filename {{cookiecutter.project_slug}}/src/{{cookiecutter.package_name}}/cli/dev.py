@@ -73,6 +73,9 @@ def produce_sample(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.sample import produce, sample_records
     from ..pipeline.kafka.clients import client_config, ensure_topics
 
+    if not 0.0 <= args.malformed_ratio <= 1.0:
+        print(f"{args.command}: --malformed-ratio must be between 0 and 1, not {args.malformed_ratio}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     local_broker = uses_local_broker(config)
     config = connect(config)
     if local_broker:
@@ -87,7 +90,8 @@ def demo(config: Config, args: argparse.Namespace) -> int:
     """`make demo`'s work: the handlers of `produce-sample`, `run`, `show` and `audit`, one after the other.
 
     In one process, so that Spark starts once: as four commands, each JVM's start and its first
-    queries on cold code took most of the demo's time (show and audit alone 1.5 minutes on 2 cores).
+    queries on cold code took most of the demo's time (the show and the audit alone about 100 s on
+    2 cores).
     The exit code is the audit's.
     """
     from ..pipeline.egress import configured
@@ -97,7 +101,9 @@ def demo(config: Config, args: argparse.Namespace) -> int:
     if args.count < 1 or args.limit < 1:
         print("demo: --count and --limit must be at least 1", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    sample = argparse.Namespace(count=args.count, malformed_ratio=args.malformed_ratio, seed=args.seed)
+    sample = argparse.Namespace(
+        command=args.command, count=args.count, malformed_ratio=args.malformed_ratio, seed=args.seed
+    )
     code = produce_sample(config, sample)
     if code != ExitCode.OK:
         return code
