@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,15 +17,18 @@ import pytest
 from pyspark.errors import AnalysisException
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
 from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
 from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.nemesis import run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
+from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
 
 # A short schedule for the suite; `nemesis --actions 100` is the long run (see docs/runbook.md).
@@ -163,12 +167,13 @@ def test_a_gold_writer_frozen_past_its_lease_wakes_and_writes_nothing_more(spark
     meanwhile another process runs gold (taking the lease over and writing that batch), then gold is
     reset (rebuilt from silver with a new stream id) and run again. Woken, the frozen process must not
     add its batch to gold: after the reset that would count the batch twice."""
+    # The frozen process's lease only is short, so that it expires soon; this process's runs keep the
+    # default, or a renewal late by three seconds on a busy machine would stop them.
     lease_env = {"PIPELINE_LEASE_TTL": "4 seconds"}
     in_process = {
         "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
         "KAFKA_TOPICS": ",".join(config.kafka.topics),
         "LAKEHOUSE_ROOT": config.lakehouse_root,
-        **lease_env,
     }
     ledger = committed_ledger(config, 40, seed=41)
     with pytest.MonkeyPatch.context() as patch:
@@ -207,6 +212,49 @@ def test_a_gold_writer_frozen_past_its_lease_wakes_and_writes_nothing_more(spark
         produce_numbered(client_config(config), config.kafka.topics[0], "r43", 10, 43, ledger, duration_s=0)
         assert main(["run", "--layer", "all", "--available-now"]) == 0
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+@pytest.mark.faults
+@pytest.mark.storage
+def test_a_run_whose_lease_is_taken_away_stops_with_exit_1_and_its_way_out_is_exact(spark, config, monkeypatch, capsys):
+    """Bronze's lease file is deleted while a batch runs (as another process's takeover would replace
+    it): the heartbeat finds it gone and stops the query, and the batch's last check refuses to let
+    Spark log it as done. However the stream ends (a query stopped mid-job ends as if it had finished,
+    which a loaded CI machine once showed), `run --available-now` must exit 1 naming the lost lease and
+    the command, neither a traceback nor 0 with silver and gold run as if bronze had read everything;
+    and the command it names finishes the work exactly."""
+    ledger = committed_ledger(config, 40, seed=56)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    for name, value in {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        # Renewed every 2 s: the heartbeat finds the lease gone well within the batch's pause.
+        "PIPELINE_LEASE_TTL": "12 seconds",
+        CRASH_POINT_VAR: "bronze:after_sink_commit:0:pause=12",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    def take_the_lease_away() -> None:
+        wait_for(lambda: bronze_rows(spark, config) == 40, 120, "bronze's batch 0 committed")
+        directory = lease.lease_directory(lakehouse, "bronze")
+        for name in files.list_names(spark, directory):
+            files.delete(spark, f"{directory}/{name}")
+
+    taker = threading.Thread(target=take_the_lease_away, daemon=True)
+    taker.start()
+    code = main(["run", "--layer", "all", "--available-now"])
+    taker.join(timeout=10)
+    stderr = capsys.readouterr().err
+    assert code == ExitCode.FAILED, stderr[-5000:]
+    assert "stopped: bronze: this process lost lease" in stderr, stderr[-5000:]
+    assert "`run --layer bronze`" in stderr, stderr[-5000:]
+    assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() == 0  # silver never started
+
+    monkeypatch.delenv(CRASH_POINT_VAR)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    keys = [bytes(row.key).decode() for row in spark.read.format("delta").load(lakehouse.table(BRONZE)).collect()]
+    assert sorted(keys) == sorted(ledger.committed)  # every committed record, once
 
 
 # --- random kills ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def register(commands) -> None:
 
 def run(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.monitoring import ProgressReporter, serve_metrics
+    from ..pipeline.recovery.lease import LeaseLost
     from ..pipeline.streams import run_available_now, stream_names
 
     config = connect(config, egress=True, asked=args.layer, provision=True)
@@ -60,7 +61,11 @@ def run(config: Config, args: argparse.Namespace) -> int:
     layers = stream_names(config) if args.layer == "all" else (args.layer,)
     try:
         if args.available_now:
-            run_available_now(spark, config, layers)
+            try:
+                run_available_now(spark, config, layers)
+            except LeaseLost as error:  # a stream that failed, as in a continuous run: not a refused start
+                print(f"stopped: {error}", file=sys.stderr)
+                return ExitCode.FAILED
             return ExitCode.OK
         return _run_until_stopped(spark, config, layers, stop_requested)
     finally:

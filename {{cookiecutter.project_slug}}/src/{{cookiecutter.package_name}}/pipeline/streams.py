@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
@@ -122,10 +123,21 @@ def stream_names(config: Config) -> tuple[str, ...]:
 def run_available_now(
     spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, contract: Contract = EVENTS
 ) -> None:
-    """Process everything available, one stream after the other, so each sees what the one before wrote."""
+    """Process everything available, one stream after the other, so each sees what the one before wrote.
+
+    Raises LeaseLost, naming the stream and the way out, if one stopped because this process lost its lease.
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
     for layer in stream_names(config) if layers is None else layers:
         try:
-            start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
+            try:
+                start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
+            except StreamingQueryException:
+                lease.check_not_lost(lakehouse, layer)  # a batch refused to write: say why, not how
+                raise
+            # A stream the heartbeat stopped because its lease was lost ends like one that
+            # finished: the next stream must not start as if this one had written everything.
+            lease.check_not_lost(lakehouse, layer)
         finally:
             cancel_warm_ups(spark)  # the warm-up after the last batch has no batch to serve
 

@@ -169,6 +169,24 @@ def check_held(lakehouse: Lakehouse, stream: str) -> None:
         held.check()
 
 
+def check_not_lost(lakehouse: Lakehouse, stream: str) -> None:
+    """Raise LeaseLost if this process's lease of ``stream`` was lost while its query ran.
+
+    The heartbeat stops a query whose lease is lost (``Lease.guard``), and Spark reports a
+    stopped query as ended, not failed: whoever awaited the query calls this to tell a stream
+    that finished from one that was stopped with its work not done. A lease released after
+    its query ended, or never held here, passes.
+
+    Example::
+
+        start_stream(spark, config, "gold", available_now=True).awaitTermination()
+        check_not_lost(Lakehouse("/data/lake"), "gold")  # the run did all it had to, or raise
+    """
+    held = _HELD.get(lease_directory(lakehouse, stream))
+    if held is not None and held.lost.is_set():
+        held.check()
+
+
 class Lease:
     """A lease this process holds; renew it with a heartbeat, release it when done."""
 
