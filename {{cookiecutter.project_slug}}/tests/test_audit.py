@@ -10,7 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 
@@ -24,9 +25,11 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, delta_consumed
-from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD_SCHEMA, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.egress import GOLD_VERSION
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 
@@ -60,6 +63,33 @@ def test_the_audit_bound_takes_batches_an_iso_time_or_a_duration_and_names_the_f
             parse_bound(*flags, now_s=now)
     with pytest.raises(ValueError, match="not both"):
         Bound(last_batches=1, since_ms=0)
+
+
+def test_an_egress_is_checked_row_for_row_against_gold_leaving_out_what_is_in_flight(spark):
+    def windows(*rows: tuple) -> DataFrame:  # (minute, event type, count, sum) of a one-minute window
+        start = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+        planted = [
+            (start + timedelta(minutes=m), start + timedelta(minutes=m + 1), kind, count, Decimal(total))
+            for m, kind, count, total in rows
+        ]
+        return spark.createDataFrame(planted, GOLD_SCHEMA)
+
+    # Gold as of version 4, the last the egress had consumed; gold has dropped minute 5 since.
+    gold_then = windows(
+        (1, "purchase", 2, "10.00"), (2, "view", 1, "0.00"), (3, "click", 4, "0.00"), (5, "view", 1, "0.00")
+    )
+    gold_now = gold_then.where(F.minute("window_start") != 5)
+    # The sink: minute 1 as gold has it, minute 2 with another count, minute 3 missing, minute 4 written
+    # from a later gold version (in flight), minute 5 already deleted (in flight).
+    mirror = windows((1, "purchase", 2, "10.00"), (2, "view", 3, "0.00"), (4, "view", 1, "0.00")).withColumn(
+        GOLD_VERSION, F.when(F.minute("window_start") == 4, 5).otherwise(3).cast("long")
+    )
+
+    report = AuditReport()
+    reconcile_egress(report, "sink", mirror, gold_then, EVENTS, through=4, gold_now=gold_now)
+
+    assert report.counts == {"sink_rows": 3, "sink_rows_in_flight": 1}
+    assert report.errors == {"sink_rows_not_matching_gold": 2}  # minutes 2 and 3
 
 
 def produce_events(config, count: int, seed: int, topic: str | None = None) -> list:

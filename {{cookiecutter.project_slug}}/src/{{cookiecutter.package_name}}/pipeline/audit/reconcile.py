@@ -177,17 +177,27 @@ def reconcile_egress(
     dropped since (``gold_now`` lacks it), which the egress may already have deleted.
     """
     columns = gold.columns
-    report.counts[f"{name}_rows"] = mirror.count()
-    if through is not None:
-        later = mirror.where(F.col(GOLD_VERSION) > through).select(*contract.gold_key)
-        dropped = gold.select(*contract.gold_key).exceptAll(gold_now.select(*contract.gold_key))
-        in_flight = later.unionByName(dropped).distinct()
-        report.counts[f"{name}_rows_in_flight"] = later.count()
-        mirror, gold = (
-            _without(rows, in_flight, contract.gold_key)
-            for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
-        )
-    report.errors[f"{name}_rows_not_matching_gold"] = _gold_differences(mirror.select(*columns), gold, contract).count()
+    # Read back once (a whole topic folded, or a table over JDBC) for the checks' one job.
+    read_back = mirror.persist()
+    try:
+        checks = {f"{name}_rows": read_back}
+        mirror = read_back
+        if through is not None:
+            later = mirror.where(F.col(GOLD_VERSION) > through).select(*contract.gold_key)
+            dropped = gold.select(*contract.gold_key).exceptAll(gold_now.select(*contract.gold_key))
+            in_flight = later.unionByName(dropped).distinct()
+            checks[f"{name}_rows_in_flight"] = later
+            mirror, gold = (
+                _without(rows, in_flight, contract.gold_key)
+                for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
+            )
+        checks[f"{name}_rows_not_matching_gold"] = _gold_differences(mirror.select(*columns), gold, contract)
+        counted = count_rows(checks)
+    finally:
+        read_back.unpersist()
+    not_matching = counted.pop(f"{name}_rows_not_matching_gold")
+    report.counts.update(counted)
+    report.errors[f"{name}_rows_not_matching_gold"] = not_matching
 
 
 def _without(rows: DataFrame, keys: DataFrame, key: tuple[str, ...]) -> DataFrame:
@@ -230,18 +240,34 @@ def compare_content(
 
     in_kafka = digests(kafka).withColumnRenamed("digest", "kafka_digest")
     reparsed = parse_events(first_per_kafka_record(bronze), contract)
-    return {
-        "bronze_records_not_as_in_kafka": digests(bronze)
-        .join(in_kafka, KAFKA_KEY_COLUMNS)
-        .where(F.col("digest") != F.col("kafka_digest"))
-        .count(),
-        "silver_rows_not_as_parsed_from_bronze": _not_in(silver, valid_events(reparsed, contract)),
-        "quarantine_rows_not_as_parsed_from_bronze": _not_in(quarantine, quarantined_records(reparsed)),
-    }
+    return count_rows(
+        {
+            "bronze_records_not_as_in_kafka": digests(bronze)
+            .join(in_kafka, KAFKA_KEY_COLUMNS)
+            .where(F.col("digest") != F.col("kafka_digest")),
+            "silver_rows_not_as_parsed_from_bronze": _not_in(silver, valid_events(reparsed, contract)),
+            "quarantine_rows_not_as_parsed_from_bronze": _not_in(quarantine, quarantined_records(reparsed)),
+        }
+    )
 
 
-def _not_in(rows: DataFrame, expected: DataFrame) -> int:
-    return rows.exceptAll(expected.select(*rows.columns)).count()
+def _not_in(rows: DataFrame, expected: DataFrame) -> DataFrame:
+    return rows.exceptAll(expected.select(*rows.columns))
+
+
+def count_rows(checks: dict[str, DataFrame]) -> dict[str, int]:
+    """The rows of each DataFrame, counted in one Spark job: a count each would schedule, plan and read
+    its tables once per check, and an audit is mostly such fixed costs.
+
+    Example::
+
+        count_rows({"silver_duplicates": duplicates, "silver_rows_not_in_bronze": orphans})
+    """
+    if not checks:
+        raise ValueError("checks must name at least one DataFrame to count")
+    tagged = reduce(DataFrame.unionByName, [rows.select(F.lit(name).alias("check")) for name, rows in checks.items()])
+    found = {row["check"]: row["count"] for row in tagged.groupBy("check").count().collect()}
+    return {name: found.get(name, 0) for name in checks}
 
 
 def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFrame, newest: int = NEWEST) -> int:
@@ -375,8 +401,11 @@ def reconcile(
         }
         if gold is not None:
             expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
-            report.counts["gold_windows"] = gold.count()
-            report.errors["gold_windows_not_matching_silver"] = _gold_differences(expected, gold, contract).count()
+            gold_counts = count_rows(
+                {"gold_windows": gold, "gold_windows_not_matching_silver": _gold_differences(expected, gold, contract)}
+            )
+            report.counts["gold_windows"] = gold_counts["gold_windows"]
+            report.errors["gold_windows_not_matching_silver"] = gold_counts["gold_windows_not_matching_silver"]
         report.warnings = {
             # Re-ingestion (e.g. a bronze replay from older offsets) repeats raw
             # records; silver's key dedup absorbs them, so they are not a loss or a double count.
