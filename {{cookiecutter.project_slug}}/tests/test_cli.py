@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse
+from {{ cookiecutter.package_name }}.cli import dev, main
+from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse, download_with_retries
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
 
@@ -58,6 +58,32 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
 
     assert main(["--config", str(bad), "describe"]) == 2
     assert "kafka.bootstrap_servers: expected str" in capsys.readouterr().err
+
+
+def test_setup_tries_a_failed_download_again_and_gives_up_after_the_last_attempt(monkeypatch, capsys):
+    monkeypatch.setattr(dev, "DOWNLOAD_PAUSE_S", 0.0)
+    outcomes = [RuntimeError("Ivy could not resolve Kafka 3.9.2 (exit 1):\n[FAILED] kafka-clients.jar"), ["a.jar"]]
+
+    def flaky_download():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert download_with_retries("Kafka broker jars", flaky_download) == ["a.jar"]
+    assert "Kafka broker jars: the download failed (Ivy could not resolve Kafka 3.9.2 (exit 1)); attempt 2 of 3" in (
+        capsys.readouterr().err
+    )
+
+    calls = []
+
+    def broken_download():
+        calls.append(1)
+        raise RuntimeError(f"still failing, call {len(calls)}")
+
+    with pytest.raises(RuntimeError, match="still failing, call 3"):
+        download_with_retries("Spark's package jars", broken_download)
+    assert len(calls) == 3
 
 
 def test_kafka_local_status_exits_1_when_no_broker_runs(tmp_path, monkeypatch, capsys):

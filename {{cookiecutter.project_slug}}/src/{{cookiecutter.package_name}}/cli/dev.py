@@ -10,13 +10,17 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 from ..pipeline.config import Config
 from .connect import connect
 from .exit_codes import ExitCode
 from .local_servers import private_servers, uses_local_broker
+
+T = TypeVar("T")
 
 
 def register(commands) -> None:
@@ -191,18 +195,21 @@ def setup(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.class_archive import write_archive
     from ..pipeline.spark import archive_path, build_spark
 
-    jars = resolve_broker_jars()
+    jars = download_with_retries("Kafka broker jars", resolve_broker_jars)
     print(f"Kafka broker: {len(jars)} jars cached")
     # The jars of every storage (S3's connector too), whatever the config's lakehouse: nothing here
     # reaches the lakehouse, so an S3 server need not run yet.
     packages, conf = s3.connector_options()
-    spark = build_spark(
-        app_name="setup",
-        master=config.spark_master,
-        shuffle_partitions=config.shuffle_partitions,
-        ui_enabled=False,
-        extra_conf=conf,
-        extra_packages=packages,
+    spark = download_with_retries(
+        "Spark's package jars",
+        lambda: build_spark(
+            app_name="setup",
+            master=config.spark_master,
+            shuffle_partitions=config.shuffle_partitions,
+            ui_enabled=False,
+            extra_conf=conf,
+            extra_packages=packages,
+        ),
     )
     print(f"Spark {spark.version} with Delta Lake, the Kafka connector and S3A: jars cached")
     spark.stop()
@@ -211,3 +218,42 @@ def setup(config: Config, args: argparse.Namespace) -> int:
         archive = write_archive()
     print(f"Spark driver class archive (starts about 4 s faster): {archive}")
     return ExitCode.OK
+
+
+# Maven Central now and then answers a jar request with an empty body (Ivy: "Downloaded file size
+# (0) doesn't match expected Content Length ... Please retry"), and a fresh machine's first
+# `make install` failed on it; the next try fetched the same jar whole. What was fetched stays in
+# Ivy's cache, so a try fetches only what is still missing.
+DOWNLOAD_ATTEMPTS = 3
+DOWNLOAD_PAUSE_S = 10.0
+
+
+def download_with_retries(what: str, download: Callable[[], T], attempts: int = DOWNLOAD_ATTEMPTS) -> T:
+    """Return ``download()``, calling it again after a pause when it raises a RuntimeError (Ivy's exit,
+    or a JVM that ended before it started because spark-submit could not resolve its packages), up to
+    ``attempts`` calls in all; the last failure is raised as it is.
+
+    Example::
+
+        jars = download_with_retries("Kafka broker jars", resolve_broker_jars)
+    """
+    if not callable(download):
+        raise TypeError(f"download must be callable, not {type(download).__name__}")
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        try:
+            return download()
+        except RuntimeError as error:
+            if attempt == attempts:
+                raise
+            message = str(error).strip()
+            reason = message.splitlines()[0].rstrip(":") if message else type(error).__name__
+            print(
+                f"{what}: the download failed ({reason}); attempt {attempt + 1} of {attempts} "
+                f"in {DOWNLOAD_PAUSE_S * attempt:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(DOWNLOAD_PAUSE_S * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
