@@ -95,9 +95,21 @@ def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requ
                     file=sys.stderr,
                 )
     for query in failed:
-        reason = query.exception() or "it ended without a stop request: see the log for its lease"
-        print(f"stream {query.name} failed: {reason}", file=sys.stderr)
+        print(f"stream {query.name} failed: {_failure(config, query)}", file=sys.stderr)
     return ExitCode.FAILED if failed else ExitCode.OK
+
+
+def _failure(config: Config, query) -> str:
+    """Why a stream ended without a stop request: the lease this process lost, with the way out (the
+    heartbeat stopped the query, or a batch refused to write), or else Spark's error."""
+    from ..pipeline.delta.tables import Lakehouse
+    from ..pipeline.recovery.lease import LeaseLost, check_not_lost
+
+    try:
+        check_not_lost(Lakehouse(config.lakehouse_root), query.name)
+    except LeaseLost as error:
+        return str(error)
+    return str(query.exception() or "it ended without a stop request: see the log")
 
 
 def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
