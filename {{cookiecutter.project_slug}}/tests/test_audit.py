@@ -24,7 +24,13 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, delta_consumed
+from {{ cookiecutter.package_name }}.pipeline.audit.cut import (
+    Bound,
+    Consumed,
+    change_feed_consumed,
+    change_feed_files,
+    delta_consumed,
+)
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
@@ -45,6 +51,38 @@ def test_a_delta_offset_tells_the_versions_read_whole_and_whether_one_was_read_i
     assert delta_consumed(delta_offset(8, 3)) == Consumed(7, False)
     # Inside the initial snapshot: nothing is read whole until the stream moves past it.
     assert delta_consumed(delta_offset(5, 12, starting=True)) == Consumed(-1, False)
+
+
+def test_a_change_feed_offset_at_the_last_change_file_of_a_version_reads_that_version_whole(spark, tmp_path):
+    """The egresses read gold's change feed, which ends a batch at the index of the last file it read
+    (an update's change-data files) instead of moving on to the next version as Delta's plain source does."""
+    path = str(tmp_path / "table")
+    rows = spark.createDataFrame([(1, 10), (2, 20), (3, 30)], "id INT, total INT").repartition(3)
+    rows.write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)  # version 0: three files
+    spark.createDataFrame([(2, 21)], "id INT, total INT").createOrReplaceTempView("changed")
+    DeltaTable.forPath(spark, path).alias("t").merge(
+        spark.table("changed").alias("c"), "t.id = c.id"
+    ).whenMatchedUpdateAll().execute()  # version 1: an update, with a change-data file
+
+    def last_offset(checkpoint: Path, **options: str) -> str:
+        changes = spark.readStream.format("delta").option("readChangeFeed", "true").options(**options).load(path)
+        changes.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).trigger(
+            availableNow=True
+        ).start().awaitTermination()
+        newest = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda offsets: int(offsets.name))
+        return newest.read_text().splitlines()[-1]
+
+    count = change_feed_files(spark, path)
+    updated = last_offset(tmp_path / "from-version-1", startingVersion="1")
+    assert json.loads(updated)["reservoirVersion"] == 1 and json.loads(updated)["index"] >= 0
+    assert delta_consumed(updated) == Consumed(0, False)  # as a plain Delta source's offset would read
+    assert change_feed_consumed(updated, count) == Consumed(1, True)
+    # The initial snapshot, read whole, moves on to the next version as the plain source does.
+    assert change_feed_consumed(last_offset(tmp_path / "from-the-snapshot"), count) == Consumed(1, True)
+    # A batch that stopped before the last of version 0's three files read it in part.
+    assert count(0) == 3
+    inside = json.dumps({**json.loads(updated), "reservoirVersion": 0, "index": 1})
+    assert change_feed_consumed(inside, count) == Consumed(-1, False)
 
 
 def test_the_audit_bound_takes_batches_an_iso_time_or_a_duration_and_names_the_flag_when_wrong():

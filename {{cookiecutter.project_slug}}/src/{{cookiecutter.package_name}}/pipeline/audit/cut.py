@@ -34,7 +34,8 @@ from pyspark.sql import functions as F
 from ..bronze import first_offsets
 from ..config import Config
 from ..contract import Contract
-from ..delta.tables import STREAMS, Lakehouse
+from ..delta import files
+from ..delta.tables import GOLD, STREAMS, Lakehouse
 from ..kafka.clients import offsets_for_time, watermark_offsets
 from ..kafka.identity import recorded_sources
 from ..recovery import checkpoints, rebuild
@@ -105,6 +106,48 @@ def delta_consumed(offset_json: str | None) -> Consumed:
         # Inside the initial snapshot of `version` (Delta moves past it to version + 1, index -1).
         return Consumed(-1, index == BASE_INDEX)
     return Consumed(version - 1, index == BASE_INDEX)
+
+
+def change_feed_consumed(offset_json: str | None, indexed_files: Callable[[int], int | None]) -> Consumed:
+    """What a change-feed stream (``readChangeFeed``: each egress) had read when its batch ended at ``offset_json``.
+
+    Delta's plain source, and the change feed's initial snapshot, move past a version read whole to
+    (version + 1, -1). The change feed's versions after it do not: a batch that read version v to its
+    last change file ends at (v, n - 1). ``indexed_files(v)`` counts the files the feed indexes in
+    v (its change-data files if it has any, else its data-changing adds and removes), or is None
+    when that can no longer be told (the commit file cleaned up).
+
+    Example::
+
+        change_feed_consumed('{"sourceVersion":1,"reservoirVersion":32,"index":0,"isStartingVersion":false}',
+                             lambda version: 1)
+        # Consumed(whole=32, exact=True): version 32's one change file was read
+    """
+    consumed = delta_consumed(offset_json)
+    if consumed.exact:
+        return consumed
+    offset = json.loads(offset_json)
+    version, index = offset["reservoirVersion"], offset["index"]
+    if not offset["isStartingVersion"] and index == (indexed_files(version) or 0) - 1:
+        return Consumed(version, True)
+    return consumed
+
+
+def change_feed_files(spark: SparkSession, table_path: str) -> Callable[[int], int | None]:
+    """The count ``change_feed_consumed`` asks for, read from the table's commit file as Delta's
+    change feed indexes a version (DeltaSourceCDCSupport)."""
+
+    def count(version: int) -> int | None:
+        commit = files.read_text(spark, f"{table_path}/_delta_log/{version:020d}.json")
+        if commit is None:
+            return None
+        actions = [json.loads(line) for line in commit.splitlines() if line.strip()]
+        changes = sum(1 for action in actions if "cdc" in action)
+        if changes:
+            return changes
+        return sum(1 for action in actions for kind in ("add", "remove") if action.get(kind, {}).get("dataChange"))
+
+    return count
 
 
 @dataclass(frozen=True)
@@ -189,11 +232,14 @@ def take_cut(
     versions: dict[str, int | None] = {}
     batches: dict[str, int | None] = {}
     egress_read = {}
+    gold_changes = change_feed_files(spark, lakehouse.table(GOLD))
     for name in egresses:
         # The egress's sink is read later by the audit: its rows of later batches are told apart by gold_version.
         checkpoint = lakehouse.checkpoint(name)
         batches[name] = checkpoints.last_committed_batch(spark, checkpoint)
-        egress_read[name] = _consumed_at(spark, checkpoint, batches[name])
+        batch = batches[name]
+        offset = None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch)
+        egress_read[name] = change_feed_consumed(offset, gold_changes)
     gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
     gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
     if gold_batch is None:
