@@ -59,10 +59,9 @@ def test_a_change_feed_offset_at_the_last_change_file_of_a_version_reads_that_ve
     path = str(tmp_path / "table")
     rows = spark.createDataFrame([(1, 10), (2, 20), (3, 30)], "id INT, total INT").repartition(3)
     rows.write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)  # version 0: three files
-    spark.createDataFrame([(2, 21)], "id INT, total INT").createOrReplaceTempView("changed")
-    DeltaTable.forPath(spark, path).alias("t").merge(
-        spark.table("changed").alias("c"), "t.id = c.id"
-    ).whenMatchedUpdateAll().execute()  # version 1: an update, with a change-data file
+    changed = spark.createDataFrame([(2, 21)], "id INT, total INT").alias("c")
+    # Version 1: an update, with a change-data file.
+    DeltaTable.forPath(spark, path).alias("t").merge(changed, "t.id = c.id").whenMatchedUpdateAll().execute()
 
     def last_offset(checkpoint: Path, **options: str) -> str:
         changes = spark.readStream.format("delta").option("readChangeFeed", "true").options(**options).load(path)

@@ -135,7 +135,12 @@ def change_feed_consumed(offset_json: str | None, indexed_files: Callable[[int],
 
 def change_feed_files(spark: SparkSession, table_path: str) -> Callable[[int], int | None]:
     """The count ``change_feed_consumed`` asks for, read from the table's commit file as Delta's
-    change feed indexes a version (DeltaSourceCDCSupport)."""
+    change feed indexes a version (DeltaSourceCDCSupport).
+
+    Example::
+
+        change_feed_consumed(offset_json, change_feed_files(spark, "/data/lake/tables/gold_event_windows"))
+    """
 
     def count(version: int) -> int | None:
         commit = files.read_text(spark, f"{table_path}/_delta_log/{version:020d}.json")
@@ -237,9 +242,9 @@ def take_cut(
         # The egress's sink is read later by the audit: its rows of later batches are told apart by gold_version.
         checkpoint = lakehouse.checkpoint(name)
         batches[name] = checkpoints.last_committed_batch(spark, checkpoint)
-        batch = batches[name]
-        offset = None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch)
-        egress_read[name] = change_feed_consumed(offset, gold_changes)
+        egress_read[name] = _consumed_at(
+            spark, checkpoint, batches[name], read=lambda offset: change_feed_consumed(offset, gold_changes)
+        )
     gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
     gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
     if gold_batch is None:
@@ -285,8 +290,13 @@ def _stream_batch(spark: SparkSession, lakehouse: Lakehouse, stream: str, versio
     return batch
 
 
-def _consumed_at(spark: SparkSession, checkpoint: str, batch: int | None) -> Consumed:
-    return delta_consumed(None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch))
+def _consumed_at(
+    spark: SparkSession,
+    checkpoint: str,
+    batch: int | None,
+    read: Callable[[str | None], Consumed] = delta_consumed,
+) -> Consumed:
+    return read(None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch))
 
 
 def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: str, otherwise: Consumed) -> Consumed:
