@@ -24,17 +24,11 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.audit.cut import (
-    Bound,
-    Consumed,
-    change_feed_consumed,
-    change_feed_files,
-    delta_consumed,
-)
+from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, change_feed_consumed, delta_consumed
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD_SCHEMA, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD_SCHEMA, SILVER, Lakehouse, change_feed_files
 from {{ cookiecutter.package_name }}.pipeline.egress import GOLD_VERSION
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
@@ -71,7 +65,9 @@ def test_a_change_feed_offset_at_the_last_change_file_of_a_version_reads_that_ve
         newest = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda offsets: int(offsets.name))
         return newest.read_text().splitlines()[-1]
 
-    count = change_feed_files(spark, path)
+    def count(version: int) -> int:
+        return len(change_feed_files(spark, path, version))
+
     updated = last_offset(tmp_path / "from-version-1", startingVersion="1")
     assert json.loads(updated)["reservoirVersion"] == 1 and json.loads(updated)["index"] >= 0
     assert delta_consumed(updated) == Consumed(0, False)  # as a plain Delta source's offset would read

@@ -34,8 +34,7 @@ from pyspark.sql import functions as F
 from ..bronze import first_offsets
 from ..config import Config
 from ..contract import Contract
-from ..delta import files
-from ..delta.tables import GOLD, STREAMS, Lakehouse
+from ..delta.tables import GOLD, STREAMS, Lakehouse, change_feed_files
 from ..kafka.clients import offsets_for_time, watermark_offsets
 from ..kafka.identity import recorded_sources
 from ..recovery import checkpoints, rebuild
@@ -114,8 +113,8 @@ def change_feed_consumed(offset_json: str | None, indexed_files: Callable[[int],
     Delta's plain source, and the change feed's initial snapshot, move past a version read whole to
     (version + 1, -1). The change feed's versions after it do not: a batch that read version v to its
     last change file ends at (v, n - 1). ``indexed_files(v)`` counts the files the feed indexes in
-    v (its change-data files if it has any, else its data-changing adds and removes), or is None
-    when that can no longer be told (the commit file cleaned up).
+    v (``delta.tables.change_feed_files``), or is None when that can no longer be told (the commit
+    file cleaned up).
 
     Example::
 
@@ -131,28 +130,6 @@ def change_feed_consumed(offset_json: str | None, indexed_files: Callable[[int],
     if not offset["isStartingVersion"] and index == (indexed_files(version) or 0) - 1:
         return Consumed(version, True)
     return consumed
-
-
-def change_feed_files(spark: SparkSession, table_path: str) -> Callable[[int], int | None]:
-    """The count ``change_feed_consumed`` asks for, read from the table's commit file as Delta's
-    change feed indexes a version (DeltaSourceCDCSupport).
-
-    Example::
-
-        change_feed_consumed(offset_json, change_feed_files(spark, "/data/lake/tables/gold_event_windows"))
-    """
-
-    def count(version: int) -> int | None:
-        commit = files.read_text(spark, f"{table_path}/_delta_log/{version:020d}.json")
-        if commit is None:
-            return None
-        actions = [json.loads(line) for line in commit.splitlines() if line.strip()]
-        changes = sum(1 for action in actions if "cdc" in action)
-        if changes:
-            return changes
-        return sum(1 for action in actions for kind in ("add", "remove") if action.get(kind, {}).get("dataChange"))
-
-    return count
 
 
 @dataclass(frozen=True)
@@ -237,7 +214,11 @@ def take_cut(
     versions: dict[str, int | None] = {}
     batches: dict[str, int | None] = {}
     egress_read = {}
-    gold_changes = change_feed_files(spark, lakehouse.table(GOLD))
+
+    def gold_changes(version: int) -> int | None:
+        paths = change_feed_files(spark, lakehouse.table(GOLD), version)
+        return None if paths is None else len(paths)
+
     for name in egresses:
         # The egress's sink is read later by the audit: its rows of later batches are told apart by gold_version.
         checkpoint = lakehouse.checkpoint(name)

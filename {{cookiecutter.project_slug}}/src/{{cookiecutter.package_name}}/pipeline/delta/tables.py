@@ -268,6 +268,31 @@ def _holds_commits(spark: SparkSession, path: str) -> bool:
 CHANGE_FEED = "delta.enableChangeDataFeed"
 
 
+def change_feed_files(spark: SparkSession, path: str, version: int) -> list[str] | None:
+    """The files the change feed of the table at ``path`` reads for ``version``, in the order it
+    indexes them (URL-encoded, relative to the table), or None when the version's commit file is gone.
+
+    Its change-data files when the version wrote them; otherwise Delta derives the changes from the
+    files the version added and removed (DeltaSourceCDCSupport).
+
+    Example::
+
+        change_feed_files(spark, "/data/lake/tables/gold_event_windows", 32)  # ['_change_data/cdc-00000-....parquet']
+    """
+    if version < 0:
+        raise ValueError(f"version must be at least 0, got {version}")
+    text = files.read_text(spark, f"{path}/_delta_log/{version:020d}.json")
+    if text is None:
+        return None
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [action["cdc"]["path"] for action in actions if "cdc" in action] or [
+        action[kind]["path"]
+        for action in actions
+        for kind in ("add", "remove")
+        if kind in action and action[kind].get("dataChange", True)
+    ]
+
+
 def _enable_change_feed(spark: SparkSession, path: str) -> None:
     if read_properties(spark, path).get(CHANGE_FEED) != "true":
         # Only on the gold made before an egress was turned on: the feed starts at this version.

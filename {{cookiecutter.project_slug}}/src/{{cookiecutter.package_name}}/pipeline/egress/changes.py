@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from ..contract import EVENTS, Contract
 from ..delta import files
-from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, latest_snapshot
+from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, change_feed_files, latest_snapshot
 from ..recovery.checkpoints import CheckpointError, committed_offsets
 from ..refusals import Refusal
 from . import GOLD_VERSION
@@ -86,19 +86,9 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
 
 def _missing_change_file(spark: SparkSession, gold: str, version: int) -> str | None:
     """The first file gold's change feed of ``version`` is read from that is gone (its log entry, or a data file)."""
-    entry = f"_delta_log/{version:020d}.json"
-    text = files.read_text(spark, f"{gold}/{entry}")
-    if text is None:
-        return entry
-    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
-    # Change-data files when the version wrote them; otherwise Delta derives its changes from the
-    # files the version added and removed.
-    paths = [action["cdc"]["path"] for action in actions if "cdc" in action] or [
-        action[kind]["path"]
-        for action in actions
-        for kind in ("add", "remove")
-        if kind in action and action[kind].get("dataChange", True)
-    ]
+    paths = change_feed_files(spark, gold, version)
+    if paths is None:
+        return f"_delta_log/{version:020d}.json"
     for relative in map(unquote, paths):  # the log holds them URL-encoded
         if not files.exists(spark, f"{gold}/{relative}"):
             return relative
