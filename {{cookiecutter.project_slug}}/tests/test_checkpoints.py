@@ -38,6 +38,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
     GOLD,
+    QUARANTINE,
     SILVER,
     STREAMS,
     Lakehouse,
@@ -102,6 +103,21 @@ def test_a_cut_metadata_file_refuses_the_start_without_a_traceback_and_reset_get
     assert main(["checkpoints", "reset", "bronze", "--yes"]) == 0
     assert main(["run", "--layer", "bronze", "--available-now"]) == 0
     assert load(spark, pipeline_env, BRONZE).count() == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", ["bronze", "gold"])
+def test_a_reset_before_the_first_run_makes_the_tables_and_the_first_run_reads_everything(spark, pipeline_env, stream):
+    records = produce_records(pipeline_env, 12, seed=3)
+
+    # An operator's reset on a lakehouse no stream has written to yet (it rebuilt tables that did not exist).
+    assert main(["checkpoints", "reset", stream, "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    assert load(spark, pipeline_env, BRONZE).count() == len(records)
+    parsed = load(spark, pipeline_env, SILVER).count()
+    assert parsed + load(spark, pipeline_env, QUARANTINE).count() == len(records)
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == parsed
 
 
 def test_reset_without_a_terminal_refuses_without_yes_and_on_a_terminal_asks(tmp_path, capsys, monkeypatch):

@@ -59,13 +59,16 @@ class Ledger:
         return events
 
 
-def numbered_record(run: str, number: int, rng: random.Random) -> tuple[str, bytes]:
+def numbered_record(run: str, number: int, rng: random.Random, days_late: int = 0) -> tuple[str, bytes]:
+    """Record ``number`` of a run: every 17th malformed, the others events of one hour from EVENT_START,
+    or ``days_late`` days before it (an event that arrives long after its window, which gold still counts)."""
     key = f"{run}-{number:07d}"
     if number % MALFORMED_EVERY == 0:
         return key, b"{broken record " + key.encode()
+    start = EVENT_START - timedelta(days=days_late)
     event = {
         "event_id": key,
-        "event_time": (EVENT_START + timedelta(seconds=rng.randrange(3600))).isoformat(),
+        "event_time": (start + timedelta(seconds=rng.randrange(3600))).isoformat(),
         "user_id": f"user-{rng.randrange(20)}",
         "event_type": rng.choice(EVENT_TYPES),
         "amount": float(Decimal(rng.randrange(1, 50_000)) / 100),

@@ -5,14 +5,17 @@ action, by weight, among those whose precondition holds, and every action runs t
 operator would (its command line, as separate processes) or does to the storage and the broker
 what the world does to them:
 
-* ``produce``   a transaction of numbered records (every 17th malformed), committed or aborted;
+* ``produce``   a transaction of numbered records (every 17th malformed), committed or aborted, to
+                one of the run's topics; one in six carries events days late;
 * ``drain``     ``run --layer all --available-now``; then the oracle judges every table and sink
                 against the ledger of what was committed to Kafka, and the pipeline's audit (as
                 ``audit`` runs it, in this runner's Spark) must agree with it;
 * ``step``      ``run --layer <one stream> --available-now``;
 * ``kill``      a continuous ``run`` SIGKILLed while it starts or after its first batch;
-* ``crash``     one stream's next batch killed at a crash point;
-* ``freeze``    one stream's process stopped (SIGSTOP) inside a batch for longer than its lease, while
+* ``crash``     one stream's next batch killed at a crash point (an egress's too, when the run has one,
+                also inside its sink's write);
+* ``freeze``    one stream's process (a layer's or an egress's) stopped (SIGSTOP) inside a batch for
+                longer than its lease, while
                 another process runs the stream or an operator resets it; woken, it must write
                 nothing more;
 * ``lose``      a stream's checkpoint deleted;
@@ -28,7 +31,12 @@ what the world does to them:
 * ``partition`` a partition added to the topic (up to four), which every stream must take in from
                 its first record;
 * ``broker``    the broker restarted (when the runner started it), while a continuous run writes; the
-                run must carry on through it.
+                run must carry on through it;
+* ``subscribe`` a topic added to ``kafka.topics`` (up to three), which bronze must read from its first
+                record;
+* ``reconfigure`` a config key changed that the pipeline must refuse (gold's window on a gold with rows,
+                a topic dropped from the subscription): the refused start writes nothing, and the
+                operator either sets the key back or, for the window, takes the way out and keeps it.
 
 Some actions must make the next start refuse (gold's checkpoint lost, a checkpoint older than its
 table): the runner predicts which refusals may come, and a refusal it did not predict is an
@@ -61,6 +69,8 @@ from ..pipeline.spark import java_class
 from .chaos import (
     ABORT_EVERY,
     BATCH_DONE,
+    KAFKA_EGRESS,
+    POSTGRES_EGRESS,
     Ledger,
     batch_ids,
     egress_env,
@@ -79,16 +89,23 @@ TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": 
 # frozen process loses it within the run, long enough that a busy machine renews in time.
 LEASE_TTL_S = 12
 MAX_PARTITIONS = 4
+MAX_TOPICS = 3
+# One transaction in this many carries events this many days before the others' hour, at most.
+LATE_EVERY, MAX_DAYS_LATE = 6, 7
 # Refusals, recognised by what their message says was found (pipeline/refusals.py words them).
 CHECKPOINT_LOST = "gold's checkpoint lost"
 TABLE_AHEAD = "a table ahead of its checkpoint"
 MISMATCH = "a checkpoint of another stream"
 SOURCE_LOST = "records Kafka deleted before bronze read them"
+WINDOW_CHANGED = "gold's window changed"
+TOPIC_DROPPED = "a topic dropped from the subscription"
 FOUND = {
     CHECKPOINT_LOST: "is missing while",
     TABLE_AHEAD: "is behind it",
     MISMATCH: "does not match the tables it writes",
     SOURCE_LOST: "Kafka no longer holds the records bronze needs next",
+    WINDOW_CHANGED: "holds windows of",
+    TOPIC_DROPPED: "but kafka.topics is",
 }
 REFUSED = 3
 # The command a refusal's way out names, after the console script (one word, or `python -m <package>`):
@@ -143,6 +160,7 @@ class Nemesis:
 
     def __init__(self, config, seed: int, logs: Path, broker=None, records_per_transaction: int = 40):
         from ..pipeline import s3
+        from ..pipeline.egress import settings_of
         from ..pipeline.kafka.clients import bootstrap_servers, client_config
         from ..pipeline.spark import build_spark
 
@@ -156,6 +174,7 @@ class Nemesis:
         self.records_per_transaction = records_per_transaction
         self.run = f"nemesis{seed}-{uuid.uuid4().hex[:6]}"
         self.topic = self.run
+        self.topics = [self.topic]
         self.client = client_config(config)
         self.admin = AdminClient(self.client)
         self.partitions = 2
@@ -174,6 +193,8 @@ class Nemesis:
             **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
+        # The layers, then each egress the run turns on: an egress runs after gold, beside the others.
+        self.streams = (*STREAMS, *settings_of(config))
         s3.prepare(config)
         packages, conf = s3.session_options(config)
         self.spark = build_spark(
@@ -203,6 +224,8 @@ class Nemesis:
             ("retention", 1, lambda: True, self.retention),
             ("partition", 1, lambda: self.partitions < MAX_PARTITIONS, self.add_partition),
             ("broker", 1, lambda: self.broker is not None, self.restart_broker),
+            ("subscribe", 1, lambda: len(self.topics) < MAX_TOPICS, self.subscribe),
+            ("reconfigure", 1, lambda: True, self.reconfigure),
         ]
 
     # --- the schedule -------------------------------------------------------------------------
@@ -235,7 +258,7 @@ class Nemesis:
         expected, certain = self.pending_refusals(stream), self.certain_refusal(stream)
         code, output = self._run(args, extra_env)
         refused = 0
-        while code == REFUSED and refused < len(STREAMS):
+        while code == REFUSED and refused < len(self.streams):
             refused += 1
             found = refusals_found(output)
             if found & expected:
@@ -326,11 +349,13 @@ class Nemesis:
     def produce(self, committed: bool | None = None) -> str:
         count = self.rng.randint(1, self.records_per_transaction)
         committed = self.rng.randrange(ABORT_EVERY) != 0 if committed is None else committed
-        batch = [numbered_record(self.run, self.produced + index, self.rng) for index in range(count)]
+        topic = self.rng.choice(self.topics)
+        days_late = self.rng.randint(1, MAX_DAYS_LATE) if self.rng.randrange(LATE_EVERY) == 0 else 0
+        batch = [numbered_record(self.run, self.produced + index, self.rng, days_late) for index in range(count)]
         self.produced += count
         self.producer.begin_transaction()
         for key, value in batch:
-            self.producer.produce(self.topic, key=key.encode(), value=value)
+            self.producer.produce(topic, key=key.encode(), value=value)
         if committed:
             self.producer.commit_transaction(30)
             self.ledger.committed.update(batch)
@@ -338,7 +363,9 @@ class Nemesis:
             self.producer.flush(30)  # the aborted records reach the log, behind an abort marker
             self.producer.abort_transaction(30)
             self.ledger.aborted.update(key for key, _ in batch)
-        return f"{count} records {'committed' if committed else 'aborted'}"
+        late = f", {days_late} days late" if days_late else ""
+        to = f" to {topic}" if len(self.topics) > 1 else ""
+        return f"{count} records {'committed' if committed else 'aborted'}{to}{late}"
 
     def work(self) -> None:
         """Records for the batch a fault is about to land in: an aborted transaction, then a committed
@@ -385,11 +412,16 @@ class Nemesis:
         return f"{stream} exit {code}"
 
     def kill(self) -> str:
-        self.work()
         layer = self.rng.choice(["all", "all", *STREAMS])
         if self.pending_refusals(None if layer == "all" else layer):
             # A refused start exits on its own: let a drain meet the refusal instead.
             return self.drain()
+        if layer == "all":
+            self.work()
+        else:
+            # A stream run alone reads only what the one above it holds: carried up to it, the records
+            # give the run a batch to be killed after (silver or gold would otherwise wait for none).
+            self._feed(layer)
         process, log_path = self.start("run", "--layer", layer)
         while_starting = self.rng.random() < 0.25
         if while_starting:
@@ -403,13 +435,16 @@ class Nemesis:
         return f"{layer} killed {'while starting' if while_starting else 'after a batch'}"
 
     def crash(self) -> str:
-        from ..pipeline.recovery.crash_points import POINTS
+        from ..pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, POINTS
 
         chosen = self._stream_with_work()
         if chosen is None:
             return self.step()
         stream, batch = chosen
-        point = self.rng.choice(POINTS)
+        # Inside an egress's write too: its transaction or database work pre-committed, not committed.
+        # (PostgreSQL stages only a large batch: a point not reached leaves the run to finish.)
+        inner = {KAFKA_EGRESS: (AFTER_PRE_COMMIT,), POSTGRES_EGRESS: (AFTER_STAGING, AFTER_PRE_COMMIT)}
+        point = self.rng.choice((*POINTS, *inner.get(stream, ())))
         code, output = self.command(
             "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{stream}:{point}:{batch}"}
         )
@@ -425,8 +460,14 @@ class Nemesis:
             return self.step()
         stream, batch = chosen
         at = f"{stream}:{BEFORE_SINK_COMMIT}:{batch}"
+        # A backfill's process (--available-now) or a continuous one: both must stop writing once woken.
+        continuous = self.rng.random() < 0.5
         frozen, log_path = self.start(
-            "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{at}:freeze"}
+            "run",
+            "--layer",
+            stream,
+            *(() if continuous else ("--available-now",)),
+            extra_env={"PIPELINE_CRASH_POINT": f"{at}:freeze"},
         )
         if not wait_while_running(lambda: _state(frozen.pid) == "T", frozen, 300):
             return f"{stream} batch {batch} never froze (exit {frozen.poll()})"
@@ -439,11 +480,18 @@ class Nemesis:
         code, output = self.command("run", "--layer", stream, "--available-now")
         self.expect_ok(f"run --layer {stream} while one is frozen", code, output)
         os.kill(frozen.pid, signal.SIGCONT)
-        frozen.wait(timeout=300)
+        try:
+            frozen.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.report.anomalies["woken_writers_that_went_on"] += 1
+            self.report.findings.append(f"the woken {stream} process still ran 300 s later: see {log_path}")
+            os.killpg(frozen.pid, signal.SIGKILL)
+            frozen.wait()
         if LOST_LEASE.format(stream=stream) not in log_path.read_text(errors="replace"):
             self.report.anomalies["woken_writers_not_fenced"] += 1
             self.report.findings.append(f"the frozen {stream} process did not stop on its lost lease: see {log_path}")
-        return f"{stream} batch {batch} frozen, taken by {taken_by}, woken: exit {frozen.returncode}"
+        run = "continuous run" if continuous else "run"
+        return f"{stream} batch {batch} frozen in a {run}, taken by {taken_by}, woken: exit {frozen.returncode}"
 
     def snapshot(self) -> str:
         """A backup of every checkpoint there is, as an operator's copy of the lakehouse would hold."""
@@ -529,8 +577,10 @@ class Nemesis:
             if not unread:
                 self.produce(committed=True)
                 unread = self._unread_committed(held)
-            partition = self.rng.choice(sorted({partition for partition, _, _ in unread}))
-            in_partition = sorted((offset, key) for part, offset, key in unread if part == partition)
+            partition = self.rng.choice(sorted({(topic, number) for topic, number, _, _ in unread}))
+            in_partition = sorted(
+                (offset, key) for topic, number, offset, key in unread if (topic, number) == partition
+            )
             through = self.rng.randrange(len(in_partition))
             cut = in_partition[through][0] + 1
             lost = [key for _, key in in_partition[: through + 1]]
@@ -538,7 +588,8 @@ class Nemesis:
             partition = self.rng.choice(sorted(held))
             cut = self.rng.randint(1, held[partition])
             lost = []
-        for future in self.admin.delete_records([TopicPartition(self.topic, partition, cut)]).values():
+        topic, number = partition
+        for future in self.admin.delete_records([TopicPartition(topic, number, cut)]).values():
             future.result(30)
         for key in lost:
             del self.ledger.committed[key]
@@ -546,7 +597,7 @@ class Nemesis:
         if lost:
             self.expect("bronze", {SOURCE_LOST}, True)
         what = f"{len(lost)} committed records bronze had not read" if lost else "only records bronze holds"
-        return f"partition {partition} deleted below offset {cut}: {what}"
+        return f"{topic}[{number}] deleted below offset {cut}: {what}"
 
     def add_partition(self) -> str:
         """One more partition in the topic: the producer's keys spread over it from now on."""
@@ -581,6 +632,79 @@ class Nemesis:
         self._stop(process, log_path, "run across a broker restart")
         return f"broker restarted while a run wrote: {'it carried on' if resumed else 'it stalled'}"
 
+    def subscribe(self) -> str:
+        """One more topic in ``kafka.topics``, with a committed transaction in it: Spark reads a topic added
+        to the subscription from its first offset, and the producer spreads records over every topic."""
+        topic = f"{self.run}-t{len(self.topics) + 1}"
+        self.admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+        self.topics.append(topic)
+        self.env["KAFKA_TOPICS"] = ",".join(self.topics)
+        before = set(self.ledger.committed)
+        while set(self.ledger.committed) == before:
+            self.produce(committed=True)
+        return f"{topic} subscribed: {len(self.topics)} topics"
+
+    def reconfigure(self) -> str:
+        """A config key changed on a lakehouse that must refuse it: gold's window (gold has rows), or a
+        topic dropped from the subscription (bronze has a checkpoint). The refused start must name it and
+        write nothing to the stream's table or checkpoint. Then the operator sets the key back, or, for
+        the window, half the time keeps the new one and takes the way out the refusal names (gold is
+        rebuilt at the new window, and the oracle judges it at that window from then on)."""
+        from ..pipeline.config import duration_seconds
+
+        changes = []
+        if not self.pending_refusals("gold") and self._has_rows("gold"):
+            changes.append("window")
+        if (
+            len(self.topics) > 1
+            and not self.pending_refusals("bronze")
+            and self.committed_batches(self.checkpoint("bronze"))
+        ):
+            changes.append("topics")
+        if not changes:
+            return self.step()
+        if self.rng.choice(changes) == "window":
+            stream, kind = "gold", WINDOW_CHANGED
+            window = (
+                "5 minutes" if duration_seconds(self.config.gold_window, "pipeline.gold_window") != 300 else "1 minute"
+            )
+            changed = {"PIPELINE_GOLD_WINDOW": window}
+            what = f"gold_window {self.config.gold_window!r} -> {window!r}"
+        else:
+            stream, kind = "bronze", TOPIC_DROPPED
+            dropped = self.rng.choice(self.topics)
+            changed = {"KAFKA_TOPICS": ",".join(topic for topic in self.topics if topic != dropped)}
+            what = f"{dropped} dropped from kafka.topics"
+        before = self._stream_state(stream)
+        code, output = self._run(("run", "--layer", stream, "--available-now"), changed)
+        if code == REFUSED and kind in refusals_found(output):
+            self.report.refusals[kind] += 1
+        else:
+            self.report.anomalies["config_changes_not_refused"] += 1
+            self.report.findings.append(f"{what}: run --layer {stream} exited {code}: {_last_lines(output)}")
+        if self._stream_state(stream) != before:
+            self.report.anomalies["refused_starts_that_wrote"] += 1
+            self.report.findings.append(f"{what}: the refused {stream} moved its table or checkpoint")
+        if kind == WINDOW_CHANGED and self.rng.random() < 0.5:
+            self.env.update(changed)
+            self.config = self.config.model_copy(update={"gold_window": changed["PIPELINE_GOLD_WINDOW"]})
+            self.expect("gold", {WINDOW_CHANGED}, True)
+            code, output = self.command("run", "--layer", "all", "--available-now")
+            self.expect_ok(f"run --layer all after {what}", code, output)
+            return f"{what}: refused, then kept through the way out (exit {code})"
+        return f"{what}: refused, then set back"
+
+    def _stream_state(self, stream: str) -> tuple:
+        """What a start of ``stream`` may not move when refused: its table's version and its checkpoint's logs."""
+        path = Lakehouse(self.config.lakehouse_root).table(TABLES[stream])
+        version = (
+            self.spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
+            if self._exists(path)
+            else None
+        )
+        checkpoint = self.checkpoint(stream)
+        return version, batch_ids(self.spark, f"{checkpoint}/offsets"), self.committed_batches(checkpoint)
+
     # --- what the runner knows ----------------------------------------------------------------
 
     def expect(self, stream: str, kinds: set[str], certain: bool) -> None:
@@ -591,27 +715,34 @@ class Nemesis:
 
     def pending_refusals(self, stream: str | None = None) -> set[str]:
         """The refusals a start of ``stream`` (None: every stream) may meet."""
-        streams = STREAMS if stream is None else (stream,)
+        streams = self.streams if stream is None else (stream,)
         return set().union(*(self.expecting.get(name, (set(), False))[0] for name in streams))
 
     def certain_refusal(self, stream: str | None = None) -> bool:
-        streams = STREAMS if stream is None else (stream,)
+        streams = self.streams if stream is None else (stream,)
         return any(self.expecting.get(name, (set(), False))[1] for name in streams)
 
     def _refusals_cleared(self, stream: str | None = None, downstream: bool = False, reset: bool = False) -> None:
         """A stream ran (or was ``reset``): the refusals predicted for it, and with ``downstream`` for the
         streams below it, are behind it. A reset leaves records Kafka lost to bronze lost: bronze
         resumes after what it holds, and still finds them gone."""
-        names = STREAMS if stream is None else STREAMS[STREAMS.index(stream) :] if downstream else (stream,)
+        names = self.streams if stream is None else self._downstream(stream) if downstream else (stream,)
         for name in names:
             kinds, certain = self.expecting.pop(name, (set(), False))
             if reset and SOURCE_LOST in kinds:
                 self.expecting[name] = ({SOURCE_LOST}, certain)
 
+    def _downstream(self, stream: str) -> tuple[str, ...]:
+        """``stream`` and every stream that reads what it writes: a layer's are the layers above it and
+        every egress; an egress has none."""
+        if stream not in STREAMS:
+            return (stream,)
+        return (*STREAMS[STREAMS.index(stream) :], *self.streams[len(STREAMS) :])
+
     def _stream_with_work(self) -> tuple[str, int] | None:
         """A stream whose next batch will have records, and that batch's id; None when the stream's
         next start is predicted to refuse (the caller lets a plain run meet the refusal instead)."""
-        stream = self.rng.choice(STREAMS)
+        stream = self.rng.choice(self.streams)
         if self.pending_refusals(stream):
             return None
         self._feed(stream)
@@ -620,7 +751,7 @@ class Nemesis:
     def _feed(self, stream: str) -> None:
         """Records (``work``), carried up to ``stream``'s input, so that its next batch has work."""
         self.work()
-        for upstream in STREAMS[: STREAMS.index(stream)]:
+        for upstream in STREAMS[: STREAMS.index(stream)] if stream in STREAMS else STREAMS:
             code, output = self.command("run", "--layer", upstream, "--available-now")
             self.expect_ok(f"run --layer {upstream}", code, output)
 
@@ -671,22 +802,24 @@ class Nemesis:
             return False
         return self.spark.read.format("delta").load(path).limit(1).count() > 0
 
-    def _bronze_ends(self) -> dict[int, int]:
-        """For each partition of the run's topic bronze holds records of: the offset after its last one."""
+    def _bronze_ends(self) -> dict[tuple[str, int], int]:
+        """For each (topic, partition) of the run's topics bronze holds records of: the offset after its last one."""
         path = Lakehouse(self.config.lakehouse_root).table(BRONZE)
         if not self._exists(path):
             return {}
-        rows = self.spark.read.format("delta").load(path).where(col("topic") == self.topic)
-        lasts = rows.groupBy("partition").agg(max_("offset").alias("last")).collect()
-        return {row.partition: row.last + 1 for row in lasts}
+        rows = self.spark.read.format("delta").load(path).where(col("topic").isin(self.topics))
+        lasts = rows.groupBy("topic", "partition").agg(max_("offset").alias("last")).collect()
+        return {(row.topic, row.partition): row.last + 1 for row in lasts}
 
-    def _unread_committed(self, ends: dict[int, int]) -> list[tuple[int, int, str]]:
-        """The committed records of the ledger that Kafka holds past bronze's last one: (partition, offset, key)."""
+    def _unread_committed(self, ends: dict[tuple[str, int], int]) -> list[tuple[str, int, int, str]]:
+        """The committed records of the ledger that Kafka holds past bronze's last one, in the topics bronze
+        has read from: (topic, partition, offset, key)."""
         unread = []
-        for partition, offset, key, _ in read_topic(self.client, self.topic, "read_committed"):
-            name = (key or b"").decode()
-            if name in self.ledger.committed and offset >= ends.get(partition, 0):
-                unread.append((partition, offset, name))
+        for topic in sorted({topic for topic, _ in ends}):
+            for partition, offset, key, _ in read_topic(self.client, topic, "read_committed"):
+                name = (key or b"").decode()
+                if name in self.ledger.committed and offset >= ends.get((topic, partition), 0):
+                    unread.append((topic, partition, offset, name))
         return unread
 
     def _in_bronze(self, keys: list[str]) -> bool:

@@ -172,6 +172,8 @@ def reset(
             if old_id is not None:
                 egresses[stream.name].fence(config, old_id)
     checkpoints.reset(spark, lakehouse, streams)
+    # A reset before the first run rebuilds tables no stream has made yet: made here, as a start makes them.
+    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
     if any(stream.name == "bronze" for stream in streams) and table_exists(spark, lakehouse.table(BRONZE)):
         identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
     builders: dict[str, tuple[rebuild.RowsBuilder, dict[str, str]]] = {
