@@ -592,6 +592,34 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
         egress.close()
 
 
+def test_a_batch_right_after_a_broker_restart_is_published_once_neither_hung_nor_failed(
+    spark, config, kafka_broker, kafka_bootstrap, tmp_path
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    egress = KafkaEgress(config, settings(config), sid)
+    try:
+        assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
+        changes = change_feed(spark, gold, 2)
+
+        # The broker restarts between two batches. The next one reads the marker while the group's
+        # coordinator may still be loading (a retriable answer), and the producer's cached coordinator
+        # is gone: librdkafka's send_offsets_to_transaction waited on it for good, or was fenced.
+        kafka_broker.stop(timeout=10)
+        kafka_broker.start()
+        assert egress.publish(changes, batch_id=1) == 1
+
+        assert marker(kafka_bootstrap, out, sid) == 2
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert len(records) == 4 and topic_rows(state) == gold_rows(spark, gold)
+    finally:
+        egress.close()
+
+
 def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_anything_is_published(
     spark, config, kafka_bootstrap, tmp_path
 ):

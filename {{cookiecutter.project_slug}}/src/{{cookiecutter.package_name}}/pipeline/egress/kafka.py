@@ -63,6 +63,16 @@ MARKER_PARTITION = 0
 COMMIT_ATTEMPTS = 5
 # Kafka's own calls (init, flush, offsets) wait at most this long.
 KAFKA_TIMEOUT_S = 60.0
+# What a client reports when it loses its connection to a broker. After that, librdkafka's producer may
+# keep a group coordinator that is gone in its cache, and send_offsets_to_transaction then waits for it
+# past its own timeout, for good (librdkafka issues 5456 and 5511, open in 2.16): a broker restarted
+# between two batches hung the next one. A producer made afresh looks the coordinator up again.
+CONNECTION_LOST = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+# A group's coordinator moving or loading its state, as right after a broker restart: asked again. The
+# client's own answer to committed() does not flag these retriable.
+COORDINATOR_BUSY = frozenset(
+    {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+)
 
 
 class EgressError(RuntimeError):
@@ -147,21 +157,34 @@ class KafkaEgress:
         self.commit_timeout_s = commit_timeout_s
         self.marker = TopicPartition(settings.topic, MARKER_PARTITION)
         self.delivery_errors: list[str] = []
-        self.producer = Producer(
+        self.connection_lost = False
+        self.producer = self._new_producer()
+        marker_reader = {"group.id": marker_group(stream_id), "isolation.level": "read_committed"}
+        self.consumer = Consumer(client_config(config, **marker_reader, **{"enable.auto.commit": False}))
+
+    def _new_producer(self) -> Producer:
+        """The stream's transactional producer, initialised: any older one of its stream id is fenced."""
+        producer = Producer(
             client_config(
-                config,
+                self.config,
                 **{
-                    "transactional.id": transactional_id(stream_id),
-                    "transaction.timeout.ms": settings.transaction_timeout_ms,
+                    "transactional.id": transactional_id(self.stream_id),
+                    "transaction.timeout.ms": self.settings.transaction_timeout_ms,
                     # The Java client's partitioner: the same key lands where a JVM producer puts it.
                     "partitioner": "murmur2_random",
                     "linger.ms": 20,
+                    "error_cb": self._on_client_error,
                 },
             )
         )
-        marker_reader = {"group.id": marker_group(stream_id), "isolation.level": "read_committed"}
-        self.consumer = Consumer(client_config(config, **marker_reader, **{"enable.auto.commit": False}))
-        self.producer.init_transactions(KAFKA_TIMEOUT_S)
+        producer.init_transactions(KAFKA_TIMEOUT_S)
+        self.connection_lost = False
+        return producer
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        # Served on the thread that polls the producer; librdkafka retries the connection itself.
+        if error.code() in CONNECTION_LOST:
+            self.connection_lost = True
 
     def committed_batch(self, timeout_s: float = KAFKA_TIMEOUT_S) -> int | None:
         """The last batch id committed to the topic by this stream; None before the first.
@@ -199,10 +222,26 @@ class KafkaEgress:
         return len(described.partitions)
 
     def _marker(self, timeout_s: float) -> TopicPartition:
-        [found] = self.consumer.committed([TopicPartition(self.settings.topic, MARKER_PARTITION)], timeout=timeout_s)
-        if found.error is not None:
-            raise KafkaException(found.error)
-        return found
+        """The marker as the stream's consumer group has it committed. A retriable answer (the group's
+        coordinator moving or still loading, as right after a broker restart) is asked again until
+        ``timeout_s`` has passed; then, or on any other error, KafkaException."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                [found] = self.consumer.committed(
+                    [TopicPartition(self.settings.topic, MARKER_PARTITION)],
+                    timeout=max(deadline - time.monotonic(), 1.0),
+                )
+                if found.error is not None:
+                    raise KafkaException(found.error)
+                return found
+            except KafkaException as error:
+                kafka_error: KafkaError = error.args[0]
+                busy = kafka_error.retriable() or kafka_error.code() in COORDINATOR_BUSY
+                if not busy or time.monotonic() > deadline:
+                    raise
+                log.warning("%s: reading the marker failed (%s); asking again", STREAM, kafka_error.str())
+                time.sleep(0.5)
 
     def publish(self, changes: DataFrame, batch_id: int) -> int:
         """Publish one batch of gold's change feed in one transaction; returns the records published.
@@ -248,6 +287,11 @@ class KafkaEgress:
         )
 
     def _transaction(self, records: DataFrame, batch_id: int, partitions: int) -> int:
+        self.producer.poll(0)  # serves what the client reported since the last batch
+        if self.connection_lost:
+            # The caller checked the stream's lease just before: this process still owns the stream.
+            log.warning("%s: the producer lost a broker connection since the last batch; a new one goes on", STREAM)
+            self.producer = self._new_producer()
         opened = time.monotonic()
         try:
             self.producer.begin_transaction()
