@@ -14,10 +14,9 @@ what the world does to them:
 * ``kill``      a continuous ``run`` SIGKILLed while it starts or after its first batch;
 * ``crash``     one stream's next batch killed at a crash point (an egress's too, when the run has one,
                 also inside its sink's write);
-* ``freeze``    one stream's process (a layer's or an egress's) stopped (SIGSTOP) inside a batch for
-                longer than its lease, while
-                another process runs the stream or an operator resets it; woken, it must write
-                nothing more;
+* ``freeze``    one stream's process (a layer's or an egress's, a backfill or a continuous run)
+                stopped (SIGSTOP) inside a batch for longer than its lease, while another process
+                runs the stream or an operator resets it; woken, it must write nothing more;
 * ``lose``      a stream's checkpoint deleted;
 * ``snapshot``  a copy of every checkpoint, for ``restore``;
 * ``restore``   a stream's checkpoint put back from that older copy;
