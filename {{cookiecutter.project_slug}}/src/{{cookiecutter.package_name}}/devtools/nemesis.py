@@ -20,7 +20,7 @@ what the world does to them:
 * ``lose``      a stream's checkpoint deleted;
 * ``snapshot``  a copy of every checkpoint, for ``restore``;
 * ``restore``   a stream's checkpoint put back from that older copy;
-* ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze;
+* ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze and silver;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
                 continuous run may be writing to it;
 * ``retention`` the oldest records of a partition deleted (DeleteRecords, as retention does): only
@@ -530,7 +530,7 @@ class Nemesis:
 
     def reset(self) -> str:
         stream = self.rng.choice(STREAMS)
-        only = stream == "bronze" and self.rng.random() < 0.5
+        only = stream in ("bronze", "silver") and self.rng.random() < 0.5
         code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
         self.expect_ok(f"checkpoints reset {stream}", code, output)
         if code == 0:
