@@ -330,11 +330,18 @@ class Nemesis:
             self.report.findings.append(f"{what} exited {process.returncode} before its stop: see {log_path}")
             return
         process.send_signal(signal.SIGTERM)
+        self._wait_or_kill(
+            process, 180, "runs_that_did_not_stop", f"{what} did not stop within 180 s of SIGTERM: see {log_path}"
+        )
+
+    def _wait_or_kill(self, process: subprocess.Popen, timeout_s: float, anomaly: str, finding: str) -> None:
+        """Wait for ``process`` to end; one still running after ``timeout_s`` is an ``anomaly``, SIGKILLed
+        with its process group (its JVM)."""
         try:
-            process.wait(timeout=180)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.report.anomalies["runs_that_did_not_stop"] += 1
-            self.report.findings.append(f"{what} did not stop within 180 s of SIGTERM: see {log_path}")
+            self.report.anomalies[anomaly] += 1
+            self.report.findings.append(finding)
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
@@ -479,13 +486,8 @@ class Nemesis:
         code, output = self.command("run", "--layer", stream, "--available-now")
         self.expect_ok(f"run --layer {stream} while one is frozen", code, output)
         os.kill(frozen.pid, signal.SIGCONT)
-        try:
-            frozen.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            self.report.anomalies["woken_writers_that_went_on"] += 1
-            self.report.findings.append(f"the woken {stream} process still ran 300 s later: see {log_path}")
-            os.killpg(frozen.pid, signal.SIGKILL)
-            frozen.wait()
+        went_on = f"the woken {stream} process still ran 300 s later: see {log_path}"
+        self._wait_or_kill(frozen, 300, "woken_writers_that_went_on", went_on)
         if LOST_LEASE.format(stream=stream) not in log_path.read_text(errors="replace"):
             self.report.anomalies["woken_writers_not_fenced"] += 1
             self.report.findings.append(f"the frozen {stream} process did not stop on its lost lease: see {log_path}")
