@@ -172,8 +172,9 @@ def reset(
             if old_id is not None:
                 egresses[stream.name].fence(config, old_id)
     checkpoints.reset(spark, lakehouse, streams)
-    # A reset before the first run rebuilds tables no stream has made yet: made here, as a start makes them.
-    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
+    # A reset before the first run rebuilds tables no stream has made yet: made here, as a start makes
+    # them. The ones that exist are rebuilt under the contract, which may be another than theirs.
+    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses), check_existing=False)
     if any(stream.name == "bronze" for stream in streams) and table_exists(spark, lakehouse.table(BRONZE)):
         identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
     builders: dict[str, tuple[rebuild.RowsBuilder, dict[str, str]]] = {

@@ -211,22 +211,33 @@ class TableSchemaError(RuntimeError):
 
 
 def ensure_tables(
-    spark: SparkSession, lakehouse: Lakehouse, contract: Contract = EVENTS, change_feed: bool = False
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    contract: Contract = EVENTS,
+    change_feed: bool = False,
+    check_existing: bool = True,
 ) -> None:
     """Create every table with its explicit schema, so streams never infer one.
 
     A table that exists already is left as it is, so it must have the schema the
     contract gives it: Delta's createIfNotExists does not compare, and a MERGE
     silently drops source columns the table lacks. A table created for another
-    contract raises TableSchemaError, naming the differences. ``change_feed`` (an
-    egress is on) makes gold record its change data feed, on an existing gold too.
+    contract raises TableSchemaError, naming the differences; with ``check_existing``
+    off it is left unchecked (a reset that rebuilds it under ``contract`` next).
+    ``change_feed`` (an egress is on) makes gold record its change data feed, on an
+    existing gold too.
+
+    Example::
+
+        ensure_tables(spark, Lakehouse("/data/lake"), change_feed=True)
     """
     for name, schema in table_schemas(contract).items():
         path = lakehouse.table(name)
         snapshot = latest_snapshot(spark, path)
         if snapshot.version() >= 0:
             # An existing table: createIfNotExists would leave it as it is, at the cost of a Spark job.
-            check_schema(name, path, schema, snapshot_schema(snapshot))
+            if check_existing:
+                check_schema(name, path, schema, snapshot_schema(snapshot))
             continue
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if name in PARTITION_COLUMNS:
