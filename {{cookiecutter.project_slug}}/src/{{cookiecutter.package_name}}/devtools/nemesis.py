@@ -422,14 +422,14 @@ class Nemesis:
         if self.pending_refusals(None if layer == "all" else layer):
             # A refused start exits on its own: let a drain meet the refusal instead.
             return self.drain()
-        if layer == "all":
+        while_starting = self.rng.random() < 0.25
+        if layer == "all" or while_starting:
             self.work()
         else:
             # A stream run alone reads only what the one above it holds: carried up to it, the records
             # give the run a batch to be killed after (silver or gold would otherwise wait for none).
             self._feed(layer)
         process, log_path = self.start("run", "--layer", layer)
-        while_starting = self.rng.random() < 0.25
         if while_starting:
             time.sleep(self.rng.uniform(1.0, 8.0))
         else:
