@@ -270,7 +270,9 @@ def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_
 ):
     compacted = f"{config.kafka.topics[0]}-compacted"
     create_compacted_topic(config, compacted)
-    config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"topics": (compacted,)})})
+    # A changelog by design, so named in the config: bronze refuses a compacted topic it was not told of.
+    kafka = config.kafka.model_copy(update={"topics": (compacted,), "compacted_topics": (compacted,)})
+    config = config.model_copy(update={"kafka": kafka})
     # Three versions of each of ten keys: compaction keeps the newest of each.
     versions = [
         (f"user-{n}".encode(), value)
@@ -300,6 +302,8 @@ def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_
     assert removed, "the log cleaner removed nothing in 120 s"
     assert report.clean, report.as_dict()
     assert report.counts["bronze_records_compacted_away_in_kafka"] == len(removed)
+    # What the cleaner removed before bronze read it no one can count: said, as the topic's meaning.
+    assert report.warnings["compacted_topics_whose_superseded_records_bronze_may_never_have_read"] == 1
 
     # A record where Kafka never had one (a marker's offset), under a key with no later record.
     bronze_path = Lakehouse(config.lakehouse_root).table(BRONZE)
@@ -311,6 +315,10 @@ def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_
     report = run_audit(spark, config)
     assert report.errors["bronze_records_not_committed_in_kafka"] == 1
     assert report.counts["bronze_records_compacted_away_in_kafka"] == len(removed)
+
+    # The same topic not named in kafka.compacted_topics: a check the audit cannot make fails the verdict.
+    undeclared = config.model_copy(update={"kafka": config.kafka.model_copy(update={"compacted_topics": ()})})
+    assert run_audit(spark, undeclared).errors["compacted_topics_not_in_kafka_compacted_topics"] == 1
 
 
 @pytest.mark.slow

@@ -25,7 +25,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
@@ -657,6 +665,43 @@ def test_a_topic_created_again_under_bronze_is_refused_at_the_next_batch_and_at_
     new_id = SourceGuard.at_start(spark, config, lakehouse, resuming=False).topic_ids()[topic]
     assert new_id != old_id
     assert recorded_sources(spark, lakehouse).topic_ids == {topic: new_id}
+
+
+def set_cleanup_policy(config, topic: str, policy: str) -> None:
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin = AdminClient(client_config(config))  # kept alive until the change is done
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at_a_start_until_it_is_declared(
+    spark, config
+):
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
+    topic = config.kafka.topics[0]
+    guard = SourceGuard.at_start(spark, config, lakehouse, resuming=False)
+    guard.topic_ids()
+
+    # From now on Kafka may remove a record before bronze reads it, and Spark's source skips the gap.
+    set_cleanup_policy(config, topic, "compact")
+
+    for check in (guard.topic_ids, lambda: SourceGuard.at_start(spark, config, lakehouse, resuming=True)):
+        with pytest.raises(checkpoints.CheckpointError) as refused:
+            check()
+        message = str(refused.value)
+        assert f"bronze: {topic}: cleanup.policy compacts, and kafka.compacted_topics [] does not name it" in message
+        assert f"--entity-name {topic} --add-config cleanup.policy=delete" in message
+        assert "KAFKA_COMPACTED_TOPICS" in message
+    # Both ways out: a changelog by design, named in the config, is read; or the policy set back.
+    declared = config.model_copy(update={"kafka": config.kafka.model_copy(update={"compacted_topics": (topic,)})})
+    assert topic in SourceGuard.at_start(spark, declared, lakehouse, resuming=True).topic_ids()
+    set_cleanup_policy(config, topic, "delete")
+    assert topic in guard.topic_ids()
 
 
 @pytest.mark.slow

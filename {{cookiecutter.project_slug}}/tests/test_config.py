@@ -206,6 +206,14 @@ def test_bad_topic_from_the_environment_names_the_key():
         load_config("local", environ={"KAFKA_TOPICS": "ok,not ok"})
 
 
+def test_compacted_topics_must_be_topics_bronze_reads():
+    config = load_config("local", environ={"KAFKA_TOPICS": "events,customers", "KAFKA_COMPACTED_TOPICS": "customers"})
+    assert config.kafka.compacted_topics == ("customers",)
+    assert load_config("local", environ={}).kafka.compacted_topics == ()
+    with pytest.raises(ConfigError, match=r"kafka.compacted_topics.*\['orders'\] not in kafka.topics"):
+        load_config("local", environ={"KAFKA_TOPICS": "events", "KAFKA_COMPACTED_TOPICS": "orders"})
+
+
 def test_metrics_are_off_unless_a_port_is_set_and_a_bad_port_names_the_key():
     credentials = {"KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
     assert load_config("local", environ={}).metrics_port == 0

@@ -240,6 +240,9 @@ class KafkaConfig(Section):
     bootstrap_servers: Text
     # Not strict as a whole: the file's list becomes the tuple; each name is still text.
     topics: tuple[TopicName, ...] = Field(strict=False)
+    # Those of ``topics`` that are compacted by design (the newest record of a key is what counts): Kafka
+    # may remove a superseded record before bronze reads it. Any other compacted topic is refused.
+    compacted_topics: tuple[TopicName, ...] = Field((), strict=False)
     security_protocol: str
     starting_offsets: str
     max_offsets_per_trigger: int = Field(gt=0)
@@ -328,6 +331,13 @@ class KafkaConfig(Section):
         if info.data.get("security_protocol") not in TLS_PROTOCOLS or info.data.get("ssl_key_location") is None:
             return None  # a password file without a key is refused by _fits_the_protocol
         return cls.secret(password, info)
+
+    @model_validator(mode="after")
+    def _compacted_are_read(self) -> KafkaConfig:
+        unread = [topic for topic in self.compacted_topics if topic not in self.topics]
+        if unread:
+            raise Invalid("compacted_topics", f"{unread} not in kafka.topics {list(self.topics)}")
+        return self
 
     @model_validator(mode="after")
     def _fits_the_protocol(self) -> KafkaConfig:

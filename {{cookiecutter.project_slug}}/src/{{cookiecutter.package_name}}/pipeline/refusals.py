@@ -255,6 +255,21 @@ class Refusal(Enum):
         "bronze holds and reads an added topic from its first offset; a removed topic's records stay in "
         "bronze, silver and gold go on as they are.",
     )
+    SOURCE_COMPACTED = Entry(
+        title="A compacted topic bronze was not told of",
+        happened="a topic bronze reads was created with `cleanup.policy` `compact`, or changed to it. Kafka then "
+        "removes a record once a later one has its key, and Spark's source skips the gap without a word, even "
+        "with `kafka.fail_on_data_loss`. Bronze checks at every start and before every batch",
+        found="{topics}: cleanup.policy compacts, and kafka.compacted_topics {declared} does not name it: Kafka "
+        "may remove a record before bronze reads it whenever a later one has its key, and nothing could tell "
+        "which records were removed.",
+        way_out="if the topic must keep every record, set its policy back (kafka-configs.sh --bootstrap-server "
+        "{bootstrap} --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=delete; "
+        "records the log cleaner removed meanwhile are gone: Kafka keeps no trace of them). If it is a changelog "
+        "by design, whose newest record of each key is what counts, add it to `kafka.compacted_topics` "
+        "(`KAFKA_COMPACTED_TOPICS`): bronze then holds at least the newest record of each key, and the audit "
+        "reports that it cannot count the superseded records bronze never saw.",
+    )
     SOURCE_RECORDS_LOST = Entry(
         title="Records Kafka deleted before bronze read them",
         happened="bronze fell further behind than the topic's retention, or stopped for longer, or records "

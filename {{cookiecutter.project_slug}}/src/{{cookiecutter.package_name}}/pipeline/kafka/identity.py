@@ -17,6 +17,11 @@ start, and a batch that finds the change refuses before writing. The way out,
 topic resumes after the offsets bronze holds *for its current id*, so a new
 incarnation is read from its first offset, and nothing of the old one is lost.
 
+A compacted topic is refused the same way, at every start and before every batch, unless
+``kafka.compacted_topics`` names it (``check_compaction``): the log cleaner removes a record once a
+later one has its key, and Spark's source skips the gap, so what it removed before bronze read it
+would be lost without a trace.
+
 Another cluster is refused on every start, with a checkpoint or without one (a
 lost checkpoint would otherwise read the other cluster from its first offsets
 without a word): the reset of bronze is what accepts a new cluster
@@ -34,7 +39,7 @@ from ..config import Config
 from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
 from ..recovery import checkpoints
 from ..refusals import Refusal
-from .clients import Sources, bootstrap_servers, describe_sources
+from .clients import Sources, bootstrap_servers, compacted_topics, describe_sources
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,28 @@ def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
         set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
+def check_compaction(config: Config, topics: list[str]) -> None:
+    """Refuse (CheckpointError) a compacted topic among ``topics`` (existing ones) that
+    ``kafka.compacted_topics`` does not name: Spark's source skips what the log cleaner removed, so
+    records would be lost before bronze read them without a trace.
+
+    Example::
+
+        check_compaction(config, ["events"])  # None, or CheckpointError naming the topic and the way out
+    """
+    undeclared = sorted(compacted_topics(config, topics) - set(config.kafka.compacted_topics))
+    if undeclared:
+        raise checkpoints.CheckpointError(
+            Refusal.SOURCE_COMPACTED.message(
+                "bronze",
+                topics=", ".join(undeclared),
+                declared=list(config.kafka.compacted_topics),
+                bootstrap=bootstrap_servers(config),
+                topic=undeclared[0],
+            )
+        )
+
+
 class SourceGuard:
     """Bronze's check of its sources: once at start, then before each batch is written.
 
@@ -117,6 +144,7 @@ class SourceGuard:
             found = changes(recorded, current, topics=resuming)
             if found:
                 raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
+        check_compaction(config, list(current.topic_ids))
         guard = cls(spark, config, lakehouse, recorded or Sources(None))
         guard._record(current)
         return guard
@@ -132,6 +160,7 @@ class SourceGuard:
         found = changes(self._sources, current)
         if found:
             raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found))
+        check_compaction(self._config, list(current.topic_ids))
         if any(topic not in self._sources.topic_ids for topic in current.topic_ids):
             self._record(current)
         return current.topic_ids
