@@ -5,7 +5,7 @@ Plain Python on planted rows: no broker, no Spark.
 
 from decimal import Decimal
 
-from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, verify
+from {{ cookiecutter.package_name }}.devtools.chaos import MALFORMED_PREFIX, Ledger, record_id, verify
 
 LEDGER = Ledger(
     committed={
@@ -15,7 +15,7 @@ LEDGER = Ledger(
     },
     aborted={"r-9"},
 )
-BRONZE_ROWS = [("t", 0, 0, b"r-1"), ("t", 0, 1, b"r-2"), ("t", 0, 2, b"r-3")]
+BRONZE_ROWS = [("t", 0, 0, "r-1"), ("t", 0, 1, "r-2"), ("t", 0, 2, "r-3")]
 SILVER_ROWS = [("t", 0, 0), ("t", 0, 1)]
 QUARANTINE_ROWS = [("t", 0, 2)]
 WINDOW_12_00 = 1717243200
@@ -43,7 +43,7 @@ def test_oracle_reports_a_planted_loss():
 
 
 def test_oracle_reports_an_aborted_record_that_became_visible():
-    found = anomalies(bronze=[*BRONZE_ROWS, ("t", 0, 5, b"r-9")])
+    found = anomalies(bronze=[*BRONZE_ROWS, ("t", 0, 5, "r-9")])
     assert found == {"aborted_visible": 1}
 
 
@@ -54,3 +54,11 @@ def test_oracle_reports_gold_that_differs_from_the_committed_input():
 def test_oracle_reports_a_record_in_the_wrong_table():
     found = anomalies(silver=[*SILVER_ROWS, ("t", 0, 2)], quarantine=[])
     assert found == {"in_the_wrong_table": 1}
+
+
+def test_a_record_is_known_by_the_id_its_value_carries_not_by_its_kafka_key():
+    # A producer may give a record another record's key: the oracle counts records by their own id.
+    assert record_id(LEDGER.committed["r-1"]) == "r-1"
+    assert record_id(MALFORMED_PREFIX + b"r-7") == "r-7"
+    assert record_id(b'{"not": "one of ours"}') == "?"
+    assert record_id(None) == "?"

@@ -56,6 +56,7 @@ class Record(NamedTuple):
     value: str | None
     partition: int
     offset: int
+    stream_id: str | None  # the lakehouse-stream-id header: which changelog the record belongs to
 
 
 # --- the oracle -------------------------------------------------------------------------------
@@ -108,12 +109,14 @@ def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict
                     continue
                 raise KafkaException(message.error())
             key, value = message.key(), message.value()
+            headers = dict(message.headers() or [])
             records.append(
                 Record(
                     None if key is None else key.decode(),
                     None if value is None else value.decode(),
                     message.partition(),
                     message.offset(),
+                    headers["lakehouse-stream-id"].decode() if "lakehouse-stream-id" in headers else None,
                 )
             )
             if message.offset() + 1 >= ends[message.partition()][1]:
@@ -179,8 +182,11 @@ def gold_rows(spark, path: str) -> dict[tuple, tuple]:
 
 
 def assert_each_version_once(records: list[Record]) -> None:
-    """Each (key, gold_version) at most once among the records: no batch was published twice."""
-    seen = Counter((gold_key(r.key), value_of(r.value)["gold_version"]) for r in records if r.value is not None)
+    """Each (key, gold_version) at most once in each stream id's changelog: no batch was published twice
+    (a reset's new stream id publishes gold's rows again, as a changelog of its own)."""
+    seen = Counter(
+        (r.stream_id, gold_key(r.key), value_of(r.value)["gold_version"]) for r in records if r.value is not None
+    )
     doubled = {pair: count for pair, count in seen.items() if count > 1}
     assert not doubled, f"published more than once: {doubled}"
 
@@ -202,17 +208,25 @@ def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
 
 
 def recreate_topic(admin: AdminClient, topic: str) -> None:
-    """Create ``topic`` again, compacted, once the broker has finished deleting it."""
+    """Create ``topic`` again, compacted, once the broker has finished deleting it; returns once the broker's
+    metadata has it (the controller creates it first: on a busy machine a client asking at once is told
+    it does not exist)."""
     deadline = time.monotonic() + 60
     while True:
         try:
             again = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
             admin.create_topics([again])[topic].result(timeout=30)
-            return
+            break
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+    while True:
+        found = admin.list_topics(topic, timeout=30).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == 2:
+            return
+        assert time.monotonic() < deadline, f"the broker's metadata does not have {topic} again within 60 s"
+        time.sleep(0.2)
 
 
 def with_egress(config, topic: str):
@@ -245,13 +259,14 @@ def batches(config, log: str) -> list[int]:
     return sorted(int(path.name) for path in (checkpoint(config) / log).glob("[0-9]*"))
 
 
-def assert_topic_is_gold(spark, config, topic: str, once: bool = True) -> list[Record]:
-    """read_committed, folded, equals gold (and each gold version published once); returns the committed records."""
+def assert_topic_is_gold(spark, config, topic: str) -> list[Record]:
+    """read_committed, folded, equals gold; each gold version published once per stream id, and every
+    record names the stream id that published it; returns the committed records."""
     records, state = fold(config.kafka.bootstrap_servers, topic, "read_committed")
     gold = gold_rows(spark, gold_path(config))
     assert topic_rows(state) == gold
-    if once:
-        assert_each_version_once(records)
+    assert_each_version_once(records)
+    assert all(record.stream_id for record in records), [record for record in records if not record.stream_id]
     return records
 
 
@@ -521,7 +536,7 @@ def test_a_reset_fences_the_old_stream_so_a_transaction_it_left_open_never_becom
         with contextlib.suppress(KafkaException):
             frozen.close()
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
-    records = assert_topic_is_gold(spark, config, out, once=False)
+    records = assert_topic_is_gold(spark, config, out)
     assert not any(record.key.startswith("stale-") for record in records)
 
 
@@ -742,13 +757,16 @@ def test_a_checkpoint_behind_the_topic_refuses_to_start_until_the_egress_is_rese
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
 
     # A new stream id: gold's current rows published again, and a tombstone for the deleted one.
-    records = assert_topic_is_gold(spark, config, out, once=False)
+    records = assert_topic_is_gold(spark, config, out)
     new_id = stream_id(config)
     assert new_id != old_id
     assert marker(kafka_bootstrap, out, new_id) == batches(config, "commits")[-1] + 1
     published = [record for record in records if record not in set(before)]
     assert len(published) == 4
     assert [record.value for record in published].count(None) == 1
+    # Each changelog under its own stream id: a consumer tells the new one from a repeat.
+    assert {record.stream_id for record in before} == {old_id}
+    assert {record.stream_id for record in published} == {new_id}
 
     # The output topic deleted and made again: its marker went with it. Refused until a reset, which
     # publishes gold whole to the new topic.
@@ -792,7 +810,7 @@ def test_an_egress_behind_changes_that_vacuum_removed_is_refused_until_a_reset_w
     # The way out: a new stream id publishes gold whole; the deleted row gets its tombstone.
     assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
-    assert_topic_is_gold(spark, config, out, once=False)
+    assert_topic_is_gold(spark, config, out)
 
 
 def test_gold_compacted_between_batches_publishes_nothing_and_the_topic_stays_gold(

@@ -36,8 +36,11 @@ from .sample import EVENT_TYPES
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
+MALFORMED_PREFIX = b"{broken record "
 ABORT_EVERY = 3
 KAFKA_EGRESS, POSTGRES_EGRESS = "kafka_egress", "postgres_egress"
+# The header of each record of the Kafka egress naming the stream id that published it (its output contract).
+STREAM_ID_HEADER = "lakehouse-stream-id"
 
 
 @dataclass
@@ -60,11 +63,13 @@ class Ledger:
 
 
 def numbered_record(run: str, number: int, rng: random.Random, days_late: int = 0) -> tuple[str, bytes]:
-    """Record ``number`` of a run: every 17th malformed, the others events of one hour from EVENT_START,
-    or ``days_late`` days before it (an event that arrives long after its window, which gold still counts)."""
+    """Record ``number`` of a run, as (its id, its value): every 17th malformed, the others events of one
+    hour from EVENT_START, or ``days_late`` days before it (an event that arrives long after its window,
+    which gold still counts). The id is in the value (``record_id``), and is the record's Kafka key unless
+    the producer gives it another record's key."""
     key = f"{run}-{number:07d}"
     if number % MALFORMED_EVERY == 0:
-        return key, b"{broken record " + key.encode()
+        return key, MALFORMED_PREFIX + key.encode()
     start = EVENT_START - timedelta(days=days_late)
     event = {
         "event_id": key,
@@ -74,6 +79,23 @@ def numbered_record(run: str, number: int, rng: random.Random, days_late: int = 
         "amount": float(Decimal(rng.randrange(1, 50_000)) / 100),
     }
     return key, json.dumps(event).encode()
+
+
+def record_id(value: bytes | None) -> str:
+    """The id a record of ``numbered_record`` carries in its value ("?" for a value it did not make).
+
+    Example::
+
+        record_id(b'{"event_id": "run-0000001", ...}')  # "run-0000001"
+    """
+    if value is None:
+        return "?"
+    if value.startswith(MALFORMED_PREFIX):
+        return value[len(MALFORMED_PREFIX) :].decode(errors="replace")
+    try:
+        return str(json.loads(value)["event_id"])
+    except (ValueError, KeyError, TypeError):
+        return "?"
 
 
 def produce_numbered(
@@ -112,7 +134,7 @@ def produce_numbered(
 
 def verify(
     ledger: Ledger,
-    bronze: list[tuple[str, int, int, bytes | None]],
+    bronze: list[tuple[str, int, int, str]],
     silver: list[tuple[str, int, int]],
     quarantine: list[tuple[str, int, int]],
     gold: list[tuple[int, str, int, Decimal]],
@@ -121,15 +143,16 @@ def verify(
 ) -> dict[str, int]:
     """Anomalies by kind (all zero when exactly-once held).
 
-    bronze rows: (topic, partition, offset, key bytes); silver and quarantine
+    bronze rows: (topic, partition, offset, record id: ``record_id`` of the value,
+    which a Kafka key that repeats another record's cannot be); silver and quarantine
     rows: (topic, partition, offset); gold rows, and the rows each egress's sink
     holds (``egress``, by stream): (window_start as epoch seconds, event_type,
     event_count, amount_sum).
     """
-    key_at = {(t, p, o): (k or b"").decode() for t, p, o, k in bronze}
-    bronze_copies = Counter((k or b"").decode() for _, _, _, k in bronze)
-    silver_copies = Counter(key_at.get(row, "?") for row in silver)
-    quarantine_copies = Counter(key_at.get(row, "?") for row in quarantine)
+    name_at = {(t, p, o): name for t, p, o, name in bronze}
+    bronze_copies = Counter(name for _, _, _, name in bronze)
+    silver_copies = Counter(name_at.get(row, "?") for row in silver)
+    quarantine_copies = Counter(name_at.get(row, "?") for row in quarantine)
     committed = set(ledger.committed)
     malformed = {key for key, value in ledger.committed.items() if not value.startswith(b'{"')}
     parsed = set(silver_copies) | set(quarantine_copies)
@@ -202,8 +225,8 @@ def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
     return {"PIPELINE_EGRESS": ",".join(sections) or "none", **env}
 
 
-def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int, bytes, bytes | None]]:
-    """Every record of ``topic`` a consumer with ``isolation`` sees: (partition, offset, key, value)."""
+def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int, bytes, bytes | None, dict]]:
+    """Every record of ``topic`` a consumer with ``isolation`` sees: (partition, offset, key, value, headers)."""
     consumer = Consumer(
         {
             **client,
@@ -228,16 +251,17 @@ def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int,
                     raise RuntimeError(f"reading {topic}: {message.error()}")
                 ended.add(message.partition())
                 continue
-            records.append((message.partition(), message.offset(), message.key(), message.value()))
+            headers = {name: value for name, value in message.headers() or []}
+            records.append((message.partition(), message.offset(), message.key(), message.value(), headers))
         return records
     finally:
         consumer.close()
 
 
-def folded_changelog(records: list[tuple[int, int, bytes, bytes | None]]) -> list[tuple[int, str, int, Decimal]]:
+def folded_changelog(records: list[tuple[int, int, bytes, bytes | None, dict]]) -> list[tuple[int, str, int, Decimal]]:
     """The changelog folded by key in log order, a tombstone deleting: gold rows as (epoch, event_type, count, sum)."""
     state: dict[bytes, bytes | None] = {}
-    for _, _, key, value in sorted(records, key=lambda record: (record[0], record[1])):
+    for _, _, key, value, _ in sorted(records, key=lambda record: (record[0], record[1])):
         state[key] = value
     rows = []
     for key, value in state.items():
@@ -249,9 +273,14 @@ def folded_changelog(records: list[tuple[int, int, bytes, bytes | None]]) -> lis
     return rows
 
 
-def repeated_versions(records: list[tuple[int, int, bytes, bytes | None]]) -> int:
-    """Records that repeat a (gold row, gold version) already published: each must appear once."""
-    seen = Counter((key, json.loads(value)["gold_version"]) for _, _, key, value in records if value is not None)
+def repeated_versions(records: list[tuple[int, int, bytes, bytes | None, dict]]) -> int:
+    """Records that repeat a (gold row, gold version) their stream id already published: each must appear once
+    in a changelog (a new stream id, after a reset, publishes gold's rows again as a new one)."""
+    seen = Counter(
+        (headers.get(STREAM_ID_HEADER), key, json.loads(value)["gold_version"])
+        for _, _, key, value, headers in records
+        if value is not None
+    )
     return sum(n - 1 for n in seen.values())
 
 
@@ -473,8 +502,8 @@ def judge(spark, config, ledger: Ledger, env: dict[str, str]) -> tuple[dict[str,
     anomalies = verify(
         ledger,
         [
-            (t, p, o, None if k is None else bytes(k))
-            for t, p, o, k in rows(BRONZE, "topic", "partition", "offset", "key")
+            (t, p, o, record_id(None if value is None else bytes(value)))
+            for t, p, o, value in rows(BRONZE, "topic", "partition", "offset", "value")
         ],
         rows(SILVER, "topic", "partition", "offset"),
         rows(QUARANTINE, "topic", "partition", "offset"),

@@ -21,8 +21,10 @@ The two-phase commit of the classic design, with Kafka as the transactional sink
 
 The topic is a changelog: key = the gold row's key (window and dimensions) as JSON;
 value = the row's figures and the gold version that produced them as JSON, or a
-tombstone (null) when gold deleted the row. Folding by key, as a compacted topic or a
-consumer does, ends at gold. Consumers must read with isolation.level=read_committed:
+tombstone (null) when gold deleted the row; header ``STREAM_ID_HEADER`` = the stream id
+that published it, so a consumer tells a new changelog (a reset or a lost checkpoint
+publishes gold's current rows again under a new id) from a repeat. Folding by key, as a
+compacted topic or a consumer does, ends at gold. Consumers must read with isolation.level=read_committed:
 read_uncommitted consumers also see the records of aborted transactions.
 """
 
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 
 SECTION = "egress_kafka"
 STREAM = "kafka_egress"
+# Every record's header naming the stream id that published it (bytes of the id's text).
+STREAM_ID_HEADER = "lakehouse-stream-id"
 # The broker's default transaction.max.timeout.ms is 15 minutes.
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
 # The marker lives on one partition of the output topic: the offset the stream's
@@ -332,7 +336,9 @@ class KafkaEgress:
         while True:
             try:
                 encoded = None if value is None else value.encode()
-                self.producer.produce(self.settings.topic, key=key.encode(), value=encoded)
+                self.producer.produce(
+                    self.settings.topic, key=key.encode(), value=encoded, headers=[(STREAM_ID_HEADER, self.stream_id)]
+                )
                 return
             except BufferError:
                 # The local queue is full: deliver some, then go on.
@@ -399,11 +405,12 @@ def _marker_text(batch: int | None) -> str:
 
 
 def committed_changelog(spark: SparkSession, config: Config, topic: str | None = None) -> DataFrame:
-    """Every committed record of the output topic, as a read_committed consumer sees it: key, value, gold_version.
+    """Every committed record of the output topic, as a read_committed consumer sees it: key, value,
+    gold_version, and the stream id that published it (``stream_id``, null for a record without the header).
 
     Example::
 
-        committed_changelog(spark, config).groupBy("key", GOLD_VERSION).count().where("count > 1")
+        committed_changelog(spark, config).groupBy("stream_id", "key", GOLD_VERSION).count().where("count > 1")
     """
     from ..kafka.clients import bootstrap_servers, spark_security_options
 
@@ -414,12 +421,16 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
         .option("kafka.isolation.level", "read_committed")
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
+        .option("includeHeaders", "true")
         .options(**spark_security_options(config))
         .load()
         .select(
             F.col("key").cast("string").alias("key"),
             F.col("value").cast("string").alias("value"),
             F.get_json_object(F.col("value").cast("string"), f"$.{GOLD_VERSION}").cast("long").alias(GOLD_VERSION),
+            F.filter("headers", lambda header: header["key"] == STREAM_ID_HEADER)[0]["value"]
+            .cast("string")
+            .alias("stream_id"),
             "partition",
             "offset",
         )
@@ -447,8 +458,10 @@ def _folded(changelog: DataFrame) -> DataFrame:
 
 
 def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
-    """What the audit counts as wrong in the topic besides its fold: a (gold row, gold version) published twice."""
-    repeated = committed_changelog(spark, config).where(F.col("value").isNotNull()).groupBy("key", GOLD_VERSION).count()
+    """What the audit counts as wrong in the topic besides its fold: a (gold row, gold version) one stream id
+    published twice (a new stream id, after a reset, publishes gold's current rows again as a new changelog)."""
+    changelog = committed_changelog(spark, config).where(F.col("value").isNotNull())
+    repeated = changelog.groupBy("stream_id", "key", GOLD_VERSION).count()
     return {f"{STREAM}_records_repeating_a_gold_version": repeated.where("count > 1").count()}
 
 
