@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
@@ -290,6 +290,21 @@ def committed_records(config: Config, topics: list[str]) -> dict[tuple[str, int,
 def kafka_oracle():
     """``committed_records``, for the tests that judge the pipeline against Kafka itself."""
     return committed_records
+
+
+def set_cleanup_policy(config: Config, topic: str, policy: str) -> None:
+    """Set ``topic``'s cleanup.policy on the test broker (``compact`` or ``delete``)."""
+    entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    admin = AdminClient(client_config(config))  # kept alive until the change is done
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+@pytest.fixture
+def cleanup_policy():
+    """``set_cleanup_policy``, for the tests that make a topic compacted under the pipeline."""
+    return set_cleanup_policy
 
 
 def write_gold_in_files(spark, path: str, windows: int, files: int, mode: str = "append", bump: int = 0) -> None:

@@ -266,7 +266,7 @@ def create_compacted_topic(config, name: str) -> None:
 
 @pytest.mark.slow
 def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_never_had_is_not(
-    spark, config, kafka_oracle
+    spark, config, kafka_oracle, cleanup_policy
 ):
     compacted = f"{config.kafka.topics[0]}-compacted"
     create_compacted_topic(config, compacted)
@@ -319,6 +319,14 @@ def test_records_a_compacted_topic_removed_are_accounted_for_and_a_record_kafka_
     # The same topic not named in kafka.compacted_topics: a check the audit cannot make fails the verdict.
     undeclared = config.model_copy(update={"kafka": config.kafka.model_copy(update={"compacted_topics": ()})})
     assert run_audit(spark, undeclared).errors["compacted_topics_not_in_kafka_compacted_topics"] == 1
+    # Its policy set back (the other way out of bronze's refusal): bronze recorded the topic as compacted,
+    # so what the cleaner removed is still accounted for, and still said.
+    cleanup_policy(config, compacted, "delete")
+    report = run_audit(spark, undeclared)
+    assert "compacted_topics_not_in_kafka_compacted_topics" not in report.errors, report.as_dict()
+    assert report.errors["bronze_records_not_committed_in_kafka"] == 1  # the record Kafka never had, only
+    assert report.counts["bronze_records_compacted_away_in_kafka"] == len(removed)
+    assert report.warnings["compacted_topics_whose_superseded_records_bronze_may_never_have_read"] == 1
 
 
 @pytest.mark.slow

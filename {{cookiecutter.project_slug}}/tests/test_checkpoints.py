@@ -25,15 +25,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewPartitions,
-    NewTopic,
-    ResourceType,
-)
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
@@ -54,7 +46,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     set_properties,
 )
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, topic_partitions
-from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_sources
+from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_compacted, recorded_sources
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import needed_offsets
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
 
@@ -667,19 +659,8 @@ def test_a_topic_created_again_under_bronze_is_refused_at_the_next_batch_and_at_
     assert recorded_sources(spark, lakehouse).topic_ids == {topic: new_id}
 
 
-def set_cleanup_policy(config, topic: str, policy: str) -> None:
-    resource = ConfigResource(
-        ResourceType.TOPIC,
-        topic,
-        incremental_configs=[ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)],
-    )
-    admin = AdminClient(client_config(config))  # kept alive until the change is done
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
-
-
 def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at_a_start_until_it_is_declared(
-    spark, config
+    spark, config, cleanup_policy
 ):
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse)
@@ -688,7 +669,7 @@ def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at
     guard.topic_ids()
 
     # From now on Kafka may remove a record before bronze reads it, and Spark's source skips the gap.
-    set_cleanup_policy(config, topic, "compact")
+    cleanup_policy(config, topic, "compact")
 
     for check in (guard.topic_ids, lambda: SourceGuard.at_start(spark, config, lakehouse, resuming=True)):
         with pytest.raises(checkpoints.CheckpointError) as refused:
@@ -700,8 +681,10 @@ def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at
     # Both ways out: a changelog by design, named in the config, is read; or the policy set back.
     declared = config.model_copy(update={"kafka": config.kafka.model_copy(update={"compacted_topics": (topic,)})})
     assert topic in SourceGuard.at_start(spark, declared, lakehouse, resuming=True).topic_ids()
-    set_cleanup_policy(config, topic, "delete")
+    cleanup_policy(config, topic, "delete")
     assert topic in guard.topic_ids()
+    # Recorded on bronze when found, so that the audit accounts for what the cleaner removed meanwhile.
+    assert recorded_compacted(spark, lakehouse) == {topic}
 
 
 @pytest.mark.slow

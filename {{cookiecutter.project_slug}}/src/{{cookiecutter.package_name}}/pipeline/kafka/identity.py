@@ -18,9 +18,9 @@ topic resumes after the offsets bronze holds *for its current id*, so a new
 incarnation is read from its first offset, and nothing of the old one is lost.
 
 A compacted topic is refused the same way, at every start and before every batch, unless
-``kafka.compacted_topics`` names it (``check_compaction``): the log cleaner removes a record once a
-later one has its key, and Spark's source skips the gap, so what it removed before bronze read it
-would be lost without a trace.
+``kafka.compacted_topics`` names it: the log cleaner removes a record once a later one has its key,
+and Spark's source skips the gap, so what it removed before bronze read it would be lost without a
+trace. Every compacted topic found is recorded on bronze (``COMPACTED_PROPERTY``) for the audit.
 
 Another cluster is refused on every start, with a checkpoint or without one (a
 lost checkpoint would otherwise read the other cluster from its first offsets
@@ -31,6 +31,7 @@ checkpoint: its new incarnation is read from its first offset either way.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from pyspark.sql import SparkSession
@@ -44,6 +45,8 @@ from .clients import Sources, bootstrap_servers, compacted_topics, describe_sour
 log = logging.getLogger(__name__)
 
 PROPERTY = "lakehouse.bronze.sources"
+# The topics bronze found compacted (a JSON list), kept after a policy is set back.
+COMPACTED_PROPERTY = "lakehouse.bronze.compacted_topics"
 
 
 def recorded_sources(spark: SparkSession, lakehouse: Lakehouse) -> Sources | None:
@@ -100,26 +103,15 @@ def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
         set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
-def check_compaction(config: Config, topics: list[str]) -> None:
-    """Refuse (CheckpointError) a compacted topic among ``topics`` (existing ones) that
-    ``kafka.compacted_topics`` does not name: Spark's source skips what the log cleaner removed, so
-    records would be lost before bronze read them without a trace.
+def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
+    """The topics bronze has found compacted, at a start or before a batch (``COMPACTED_PROPERTY``).
 
     Example::
 
-        check_compaction(config, ["events"])  # None, or CheckpointError naming the topic and the way out
+        recorded_compacted(spark, Lakehouse("/data/lake"))  # {"customers"}
     """
-    undeclared = sorted(compacted_topics(config, topics) - set(config.kafka.compacted_topics))
-    if undeclared:
-        raise checkpoints.CheckpointError(
-            Refusal.SOURCE_COMPACTED.message(
-                "bronze",
-                topics=", ".join(undeclared),
-                declared=list(config.kafka.compacted_topics),
-                bootstrap=bootstrap_servers(config),
-                topic=undeclared[0],
-            )
-        )
+    text = read_properties(spark, lakehouse.table(BRONZE)).get(COMPACTED_PROPERTY)
+    return set() if text is None else set(json.loads(text))
 
 
 class SourceGuard:
@@ -134,6 +126,7 @@ class SourceGuard:
     def __init__(self, spark: SparkSession, config: Config, lakehouse: Lakehouse, sources: Sources):
         self._spark, self._config, self._lakehouse = spark, config, lakehouse
         self._sources = sources
+        self._compacted = recorded_compacted(spark, lakehouse)
 
     @classmethod
     def at_start(cls, spark: SparkSession, config: Config, lakehouse: Lakehouse, resuming: bool) -> SourceGuard:
@@ -144,8 +137,8 @@ class SourceGuard:
             found = changes(recorded, current, topics=resuming)
             if found:
                 raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
-        check_compaction(config, list(current.topic_ids))
         guard = cls(spark, config, lakehouse, recorded or Sources(None))
+        guard._check_compaction(list(current.topic_ids))
         guard._record(current)
         return guard
 
@@ -160,10 +153,34 @@ class SourceGuard:
         found = changes(self._sources, current)
         if found:
             raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found))
-        check_compaction(self._config, list(current.topic_ids))
+        self._check_compaction(list(current.topic_ids))
         if any(topic not in self._sources.topic_ids for topic in current.topic_ids):
             self._record(current)
         return current.topic_ids
+
+    def _check_compaction(self, topics: list[str]) -> None:
+        """Refuse (CheckpointError) a compacted topic among ``topics`` (existing ones) that
+        ``kafka.compacted_topics`` does not name: Spark's source skips what the log cleaner removed, so
+        records would be lost before bronze read them without a trace. Every compacted topic found is
+        recorded on bronze first (``COMPACTED_PROPERTY``), named or not: records bronze holds that the
+        cleaner removed since are then no riddle to the audit, even after the policy is set back."""
+        compacted = compacted_topics(self._config, topics)
+        if compacted - self._compacted:
+            self._compacted |= compacted
+            set_properties(
+                self._spark, self._lakehouse.table(BRONZE), {COMPACTED_PROPERTY: json.dumps(sorted(self._compacted))}
+            )
+        undeclared = sorted(compacted - set(self._config.kafka.compacted_topics))
+        if undeclared:
+            raise checkpoints.CheckpointError(
+                Refusal.SOURCE_COMPACTED.message(
+                    "bronze",
+                    topics=", ".join(undeclared),
+                    declared=list(self._config.kafka.compacted_topics),
+                    bootstrap=bootstrap_servers(self._config),
+                    topic=undeclared[0],
+                )
+            )
 
     def _record(self, current: Sources) -> None:
         # Ids of topics no longer configured stay: they are what bronze's older rows came from.
