@@ -6,7 +6,8 @@ operator would (its command line, as separate processes) or does to the storage 
 what the world does to them:
 
 * ``produce``   a transaction of numbered records (every 17th malformed), committed or aborted, to
-                one of the run's topics; one in six carries events days late;
+                one of the run's topics; one in six carries events days late, one in four gives its
+                records the Kafka keys of earlier ones;
 * ``drain``     ``run --layer all --available-now``; then the oracle judges every table and sink
                 against the ledger of what was committed to Kafka, and the pipeline's audit (as
                 ``audit`` runs it, in this runner's Spark) must agree with it;
@@ -17,12 +18,17 @@ what the world does to them:
 * ``freeze``    one stream's process (a layer's or an egress's, a backfill or a continuous run)
                 stopped (SIGSTOP) inside a batch for longer than its lease, while another process
                 runs the stream or an operator resets it; woken, it must write nothing more;
-* ``lose``      a stream's checkpoint deleted;
-* ``snapshot``  a copy of every checkpoint, for ``restore``;
+* ``lose``      a stream's checkpoint deleted (an egress's too);
+* ``snapshot``  a copy of every checkpoint and every table, for ``restore`` and ``rollback``;
 * ``restore``   a stream's checkpoint put back from that older copy;
-* ``reset``     ``checkpoints reset <stream> --yes``, with or without ``--only`` for bronze and silver;
+* ``rollback``  a table put back to that older copy: its directory replaced, or Delta's RESTORE;
+* ``reset``     ``checkpoints reset <stream> --yes`` (an egress's too), with or without ``--only``
+                for bronze and silver;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
                 continuous run may be writing to it;
+* ``foreign``   rows appended to silver, quarantine or gold by another application, while a run may
+                write: the oracle and the audit must both find them, and the way out the runbook
+                gives for what the audit reports must make every table and sink exact again;
 * ``retention`` the oldest records of a partition deleted (DeleteRecords, as retention does): only
                 records bronze holds, or records it has not read yet too, which its next start must
                 refuse to skip, naming ``checkpoints accept-loss``; those records are lost on purpose
@@ -33,6 +39,8 @@ what the world does to them:
                 run must carry on through it;
 * ``subscribe`` a topic added to ``kafka.topics`` (up to three), which bronze must read from its first
                 record;
+* ``compact``   a topic made compacted, with records that supersede earlier ones: bronze must refuse it
+                until the operator sets the policy back or names it in ``kafka.compacted_topics``;
 * ``reconfigure`` a config key changed that the pipeline must refuse (gold's window on a gold with rows,
                 a topic dropped from the subscription): the refused start writes nothing, and the
                 operator either sets the key back or, for the window, takes the way out and keeps it.
@@ -59,8 +67,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from pyspark.sql.functions import col
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+from delta.tables import DeltaTable
+from pyspark.sql.functions import col, expr
 from pyspark.sql.functions import max as max_
 
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
@@ -78,6 +95,7 @@ from .chaos import (
     numbered_record,
     pipeline_command,
     read_topic,
+    record_id,
     storage_env,
     wait_while_running,
 )
@@ -91,20 +109,48 @@ MAX_PARTITIONS = 4
 MAX_TOPICS = 3
 # One transaction in this many carries events this many days before the others' hour, at most.
 LATE_EVERY, MAX_DAYS_LATE = 6, 7
+# One transaction in this many gives its records the Kafka keys of earlier records.
+REPEAT_KEYS_EVERY = 4
+# A compacted topic whose log cleaner removes superseded records within seconds: segments roll after a
+# second and are cleaned as soon as any of them is superseded.
+COMPACT_AT_ONCE = {
+    "cleanup.policy": "compact",
+    "segment.ms": "1000",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+}
+# Where a foreign writer's rows land: offsets no Kafka partition of the run reaches, windows years ahead.
+FOREIGN_OFFSET, FOREIGN_DAYS = 10**9, 3650
 # Refusals, recognised by what their message says was found (pipeline/refusals.py words them).
 CHECKPOINT_LOST = "gold's checkpoint lost"
 TABLE_AHEAD = "a table ahead of its checkpoint"
 MISMATCH = "a checkpoint of another stream"
+BATCHES_MISSING = "bronze behind its checkpoint"
+VERSION_BEHIND = "a table put back from an older copy"
+TABLE_RESTORED = "a table restored"
 SOURCE_LOST = "records Kafka deleted before bronze read them"
 WINDOW_CHANGED = "gold's window changed"
 TOPIC_DROPPED = "a topic dropped from the subscription"
+SOURCE_COMPACTED = "a compacted topic bronze was not told of"
+MARKER_AHEAD = "the Kafka egress's checkpoint behind its topic"
+MARKER_LOST = "the Kafka egress's marker lost"
+MARKER_MISMATCH = "the PostgreSQL egress's checkpoint and marker row disagree"
+MARKER_MOVED = "the PostgreSQL egress's marker row changed"
 FOUND = {
     CHECKPOINT_LOST: "is missing while",
-    TABLE_AHEAD: "is behind it",
+    TABLE_AHEAD: "has committed batch",
     MISMATCH: "does not match the tables it writes",
+    BATCHES_MISSING: "has committed only batch",
+    VERSION_BEHIND: "but it was at version",
+    TABLE_RESTORED: "was restored (RESTORE at table version",
     SOURCE_LOST: "Kafka no longer holds the records bronze needs next",
+    SOURCE_COMPACTED: "cleanup.policy compacts, and kafka.compacted_topics",
     WINDOW_CHANGED: "holds windows of",
     TOPIC_DROPPED: "but kafka.topics is",
+    MARKER_AHEAD: "committed (consumer group",
+    MARKER_LOST: "the topic may lack batches the stream published",
+    MARKER_MISMATCH: " records batch ",
+    MARKER_MOVED: "does not hold the batches before this one",
 }
 REFUSED = 3
 # The command a refusal's way out names, after the console script (one word, or `python -m <package>`):
@@ -129,6 +175,8 @@ class NemesisReport:
     refusals: Counter = field(default_factory=Counter)
     records_committed: int = 0
     records_aborted: int = 0
+    # Committed records a compacted topic's cleaner removed before bronze read them: no longer expected.
+    records_compacted_away: int = 0
     oracle_checks: int = 0
 
     @property
@@ -144,6 +192,7 @@ class NemesisReport:
         rows += [
             ("records committed", self.records_committed),
             ("records aborted", self.records_aborted),
+            ("records compacted away before bronze", self.records_compacted_away),
             ("oracle checks", self.oracle_checks),
             ("seconds", round(sum(step.seconds for step in self.steps))),
         ]
@@ -205,6 +254,12 @@ class Nemesis:
         self.producer.init_transactions(30)
         self.produced = 0
         self.copies: dict[str, Path] = {}
+        self.table_copies: dict[str, tuple[Path, int]] = {}
+        # Each topic's record keys so far (for records that repeat one), and where each committed record went.
+        self.keys: dict[str, list[str]] = {}
+        self.placed: dict[str, tuple[str, str]] = {}
+        # The topics named in kafka.compacted_topics: a changelog by design.
+        self.compacted: list[str] = []
         # The refusals a start of each stream may meet, and whether it must meet one.
         self.expecting: dict[str, tuple[set[str], bool]] = {}
         self.commands = 0
@@ -217,14 +272,17 @@ class Nemesis:
             ("freeze", 1, lambda: True, self.freeze),
             ("snapshot", 1, lambda: True, self.snapshot),
             ("restore", 1, lambda: bool(self.copies), self.restore),
+            ("rollback", 1, lambda: bool(self.table_copies), self.rollback),
             ("lose", 1, lambda: True, self.lose),
             ("reset", 1, lambda: True, self.reset),
             ("maintain", 1, lambda: True, self.maintain),
+            ("foreign", 1, lambda: True, self.foreign),
             ("retention", 1, lambda: True, self.retention),
             ("partition", 1, lambda: self.partitions < MAX_PARTITIONS, self.add_partition),
             ("broker", 1, lambda: self.broker is not None, self.restart_broker),
             ("subscribe", 1, lambda: len(self.topics) < MAX_TOPICS, self.subscribe),
             ("reconfigure", 1, lambda: True, self.reconfigure),
+            ("compact", 1, lambda: len(self.compacted) < len(self.topics), self.compact),
         ]
 
     # --- the schedule -------------------------------------------------------------------------
@@ -352,26 +410,45 @@ class Nemesis:
 
     # --- the actions ----------------------------------------------------------------------------
 
-    def produce(self, committed: bool | None = None) -> str:
-        count = self.rng.randint(1, self.records_per_transaction)
+    def produce(
+        self,
+        committed: bool | None = None,
+        topic: str | None = None,
+        repeat: bool | None = None,
+        count: int | None = None,
+    ) -> str:
+        """A transaction of ``count`` numbered records to ``topic``, committed or aborted; ``repeat``: its records
+        take the keys of earlier records of the topic. Each drawn when None."""
+        count = self.rng.randint(1, self.records_per_transaction) if count is None else count
         committed = self.rng.randrange(ABORT_EVERY) != 0 if committed is None else committed
-        topic = self.rng.choice(self.topics)
+        topic = self.rng.choice(self.topics) if topic is None else topic
         days_late = self.rng.randint(1, MAX_DAYS_LATE) if self.rng.randrange(LATE_EVERY) == 0 else 0
         batch = [numbered_record(self.run, self.produced + index, self.rng, days_late) for index in range(count)]
-        self.produced += count
+        # Keys repeat in real topics (a user's or a session's events): the pipeline keeps every record, each
+        # once, by its Kafka coordinates; the oracle knows a record by the id its value carries. (In a
+        # compacted topic a repeated key is what lets Kafka remove the record it supersedes.)
+        earlier = self.keys.get(topic, [])
+        repeat = self.rng.randrange(REPEAT_KEYS_EVERY) == 0 if repeat is None else repeat
+        repeat = repeat and bool(earlier)
+        keys = [self.rng.choice(earlier) if repeat else name for name, _ in batch]
         self.producer.begin_transaction()
-        for key, value in batch:
+        for key, (_, value) in zip(keys, batch, strict=True):
             self.producer.produce(topic, key=key.encode(), value=value)
+        self.produced += count
+        if not repeat:
+            self.keys.setdefault(topic, []).extend(keys)
         if committed:
             self.producer.commit_transaction(30)
             self.ledger.committed.update(batch)
+            self.placed.update({name: (topic, key) for (name, _), key in zip(batch, keys, strict=True)})
         else:
             self.producer.flush(30)  # the aborted records reach the log, behind an abort marker
             self.producer.abort_transaction(30)
-            self.ledger.aborted.update(key for key, _ in batch)
+            self.ledger.aborted.update(name for name, _ in batch)
         late = f", {days_late} days late" if days_late else ""
         to = f" to {topic}" if len(self.topics) > 1 else ""
-        return f"{count} records {'committed' if committed else 'aborted'}{to}{late}"
+        repeated = ", keys of earlier records" if repeat else ""
+        return f"{count} records {'committed' if committed else 'aborted'}{to}{late}{repeated}"
 
     def work(self) -> None:
         """Records for the batch a fault is about to land in: an aborted transaction, then a committed
@@ -382,16 +459,21 @@ class Nemesis:
     def drain(self) -> str:
         code, output = self.command("run", "--layer", "all", "--available-now")
         self.expect_ok("drain", code, output)
-        anomalies, _ = judge(self.spark, self.config, self.ledger, self.env)
-        self.report.oracle_checks += 1
-        self.report.anomalies.update({name: count for name, count in anomalies.items() if count})
-        wrong = {name: count for name, count in anomalies.items() if count}
-        clean, verdict = self.audit()
+        wrong, clean, verdict = self.judge()
+        self.report.anomalies.update(wrong)
         # The audit must agree with the oracle: clean exactly when every anomaly is zero.
         if clean != (not wrong):
             self.report.anomalies["audit_disagrees_with_oracle"] += 1
             self.report.findings.append(f"audit {verdict}, oracle found {wrong}")
         return f"oracle {'clean' if not wrong else wrong}, audit {verdict}"
+
+    def judge(self) -> tuple[dict[str, int], bool, str]:
+        """What the oracle finds wrong (anomalies by kind, zeros left out), and the audit's verdict."""
+        self._forget_compacted(self.compacted)
+        anomalies, _ = judge(self.spark, self.config, self.ledger, self.env)
+        self.report.oracle_checks += 1
+        clean, verdict = self.audit()
+        return {name: count for name, count in anomalies.items() if count}, clean, verdict
 
     def audit(self) -> tuple[bool, str]:
         """The verdict of the pipeline's audit (``run_audit``, what `audit` runs) on the config a
@@ -495,14 +577,25 @@ class Nemesis:
         return f"{stream} batch {batch} frozen in a {run}, taken by {taken_by}, woken: exit {frozen.returncode}"
 
     def snapshot(self) -> str:
-        """A backup of every checkpoint there is, as an operator's copy of the lakehouse would hold."""
+        """A backup of every checkpoint and table there is, as an operator's copy of the lakehouse would
+        hold (tables with the version they were copied at)."""
         copied = []
-        for stream in STREAMS:
-            copy = self.logs.parent / "copies" / f"{stream}-{len(self.report.steps)}"
+        copies = self.logs.parent / "copies"
+        for stream in self.streams:
+            copy = copies / f"{stream}-{len(self.report.steps)}"
             if self._copy(self.checkpoint(stream), str(copy)):
                 self.copies[stream] = copy
                 copied.append(stream)
-        return f"checkpoints copied: {', '.join(copied) or 'none yet'}"
+        for table in TABLES:
+            path = self._table(table)
+            if not self._exists(path):
+                continue
+            copy = copies / f"table-{table}-{len(self.report.steps)}"
+            version = latest_snapshot(self.spark, path).version()
+            self._copy(path, str(copy))
+            self.table_copies[table] = (copy, version)
+            copied.append(f"table {table} at version {version}")
+        return f"copied: {', '.join(copied) or 'nothing yet'}"
 
     def restore(self) -> str:
         stream = self.rng.choice(sorted(self.copies))
@@ -513,25 +606,58 @@ class Nemesis:
         moved_on = self.committed_batches(current) != self.committed_batches(older)
         self._delete(current)
         self._copy(older, current)
+        # A layer's tables record the batches it wrote; an egress's marker, in its sink, does.
+        behind = {KAFKA_EGRESS: {MARKER_AHEAD}, POSTGRES_EGRESS: {MARKER_MISMATCH}}.get(stream, {TABLE_AHEAD})
+        other = {KAFKA_EGRESS: {MARKER_LOST}, POSTGRES_EGRESS: {MARKER_MOVED}}.get(stream, {MISMATCH})
         if lost:
             # Whether the table moved on since the copy is unknown here: a refusal may come, or not.
-            self.expect(stream, {TABLE_AHEAD, MISMATCH}, False)
+            self.expect(stream, behind | other, False)
         elif not same_stream:
-            self.expect(stream, {MISMATCH, TABLE_AHEAD}, True)
+            # Another stream id's checkpoint: a layer's tables name the current one; an egress resumes the
+            # older stream where its marker is, or is refused when the copy is behind that marker.
+            self.expect(stream, behind | other, stream in STREAMS)
         elif moved_on:
-            self.expect(stream, {TABLE_AHEAD}, True)
+            self.expect(stream, behind, True)
         return f"{stream}'s checkpoint put back ({'lost before' if lost else 'moved on' if moved_on else 'same'})"
 
+    def rollback(self) -> str:
+        """A table put back to an older state, as an operator's mistake or a restore from backup does: its
+        directory replaced by the older copy ``snapshot`` made, or Delta's ``RESTORE`` to the version that
+        copy was at. The stream writing it must refuse to resume over it (its checkpoint has batches the
+        table lost); the streams reading it may meet that, or a refusal of their own."""
+        table = self.rng.choice(sorted(self.table_copies))
+        copy, version = self.table_copies.pop(table)
+        path = self._table(table)
+        now = latest_snapshot(self.spark, path).version() if self._exists(path) else None
+        how = self.rng.choice(["copy", "RESTORE"]) if now is not None and now > version else "copy"
+        if how == "copy":
+            self._delete(path)
+            self._copy(str(copy), path)
+        else:
+            try:
+                self.spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}").collect()
+            except Exception as error:  # noqa: BLE001 - files VACUUM removed: the operator cannot restore
+                return f"RESTORE {table} to version {version} failed: {str(error).splitlines()[0][:120]}"
+        owner = "silver" if table == "quarantine" else table
+        kinds = {TABLE_AHEAD, MISMATCH, BATCHES_MISSING, VERSION_BEHIND, TABLE_RESTORED}
+        for stream in self._downstream(owner):
+            # Whether the table lost a batch of its stream (and not only maintenance commits) is not
+            # known here: a refusal may come, or not; the oracle judges what the way out leaves.
+            self.expect(stream, kinds | ({MARKER_MOVED, MARKER_LOST} if stream not in STREAMS else set()), False)
+        at = f"version {now}" if now is not None else "no table"
+        return f"{table} put back from {at} to version {version} ({'its older copy' if how == 'copy' else how})"
+
     def lose(self) -> str:
-        stream = self.rng.choice(STREAMS)
+        stream = self.rng.choice(self.streams)
         self._delete(self.checkpoint(stream))
-        # Bronze and silver resume without one; gold's rows are sums, which it would count again.
+        # Bronze and silver resume without one; gold's rows are sums, which it would count again; an egress
+        # starts a new stream id, which publishes gold's current rows as a new changelog.
         if stream == "gold" and self._has_rows("gold"):
             self.expect(stream, {CHECKPOINT_LOST}, True)
         return f"{stream}'s checkpoint deleted"
 
     def reset(self) -> str:
-        stream = self.rng.choice(STREAMS)
+        stream = self.rng.choice(self.streams)
         only = stream in ("bronze", "silver") and self.rng.random() < 0.5
         code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
         self.expect_ok(f"checkpoints reset {stream}", code, output)
@@ -542,7 +668,7 @@ class Nemesis:
 
     def maintain(self) -> str:
         table = self.rng.choice(sorted(TABLES))
-        path = Lakehouse(self.config.lakehouse_root).table(TABLES[table])
+        path = self._table(table)
         if not self._has_rows(table):
             return f"{table} is empty"
         operation = self.rng.choice(["OPTIMIZE", "VACUUM"])
@@ -562,6 +688,49 @@ class Nemesis:
                 time.sleep(self.rng.uniform(0.0, 5.0))
                 self._kill(*running, f"run during {operation}")
         return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
+
+    def foreign(self) -> str:
+        """Another application appends rows to silver, quarantine or gold (a hand-made backfill), while a
+        continuous run may be writing: Delta commits both, and the pipeline's commits stay whole. The
+        rows are copies of the table's own with other coordinates (silver, quarantine) or windows years
+        later (gold), and flow downstream with the next run (silver's into gold and the egresses). Then
+        both the oracle and the audit must find the lakehouse wrong; the operator takes the way out the
+        runbook gives for what the audit reports (`checkpoints reset silver`, or `gold`), and from then on
+        every drain must be exact again."""
+        table = self.rng.choice(["silver", "quarantine", "gold"])
+        if self.pending_refusals() or not self._has_rows(table):
+            return self.drain()
+        path = self._table(table)
+        rows = self.spark.read.format("delta").load(path).limit(self.rng.randint(1, 3))
+        if table == "gold":
+            shift = expr(f"INTERVAL {FOREIGN_DAYS} DAYS")
+            foreign = rows.withColumns(
+                {"window_start": col("window_start") + shift, "window_end": col("window_end") + shift}
+            )
+        else:
+            foreign = rows.withColumn("offset", col("offset") + FOREIGN_OFFSET)
+        running = None
+        if self.rng.random() < 0.5:
+            self.work()
+            running = self.start("run", "--layer", "all")
+        try:
+            foreign.write.format("delta").mode("append").save(path)
+        finally:
+            if running is not None:
+                time.sleep(self.rng.uniform(0.0, 5.0))
+                self._kill(*running, f"run while a foreign writer appended to {table}")
+        code, output = self.command("run", "--layer", "all", "--available-now")
+        self.expect_ok(f"run --layer all after rows appended to {table}", code, output)
+        wrong, clean, verdict = self.judge()
+        if not wrong or clean:
+            self.report.anomalies["foreign_rows_not_found"] += 1
+            self.report.findings.append(f"rows appended to {table}: oracle found {wrong or 'nothing'}, audit {verdict}")
+        stream = "gold" if table == "gold" else "silver"
+        code, output = self._run(("checkpoints", "reset", stream, "--yes"), None)
+        self.expect_ok(f"checkpoints reset {stream}", code, output)
+        self._refusals_cleared(stream, downstream=True, reset=True)
+        way = f"audit {verdict}; checkpoints reset {stream} exit {code}"
+        return f"rows appended to {table}{' while a run wrote' if running else ''}: {way}"
 
     def retention(self) -> str:
         """Kafka deletes the oldest records of one partition, as retention does. Half the time only
@@ -624,7 +793,7 @@ class Nemesis:
         time.sleep(self.rng.uniform(0.0, 3.0))
         self.broker.start()
         before = set(self.ledger.committed)
-        self.produce(committed=True)
+        self.produce(committed=True, repeat=False)  # new keys: nothing a compacted topic could remove
         after = sorted(set(self.ledger.committed) - before)
         resumed = wait_while_running(lambda: self._in_bronze(after), process, 180, every_s=2.0)
         if not resumed:
@@ -640,8 +809,90 @@ class Nemesis:
         self.admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
         self.topics.append(topic)
         self.env["KAFKA_TOPICS"] = ",".join(self.topics)
-        self.produce(committed=True)  # at least one record
+        self.produce(committed=True, topic=topic)  # at least one record
         return f"{topic} subscribed: {len(self.topics)} topics"
+
+    def compact(self) -> str:
+        """One of the run's topics made compacted (``cleanup.policy`` compact, cleaned within seconds), and a
+        transaction that repeats earlier keys of it, so the log cleaner has records to remove. Bronze's next
+        start must refuse the topic and write nothing. Then the operator takes one of the two ways out the
+        refusal names: the policy set back (what the cleaner removed before bronze read it is gone, and the
+        runner stops expecting it), or the topic named in ``kafka.compacted_topics``, a changelog by design
+        (from then on, before every judgement, the runner forgets each record the cleaner removed before
+        bronze read it: one a later committed record with its key superseded, which is what compaction
+        means; any other missing record stays an anomaly)."""
+        candidates = [topic for topic in self.topics if topic not in self.compacted]
+        if not candidates or self.pending_refusals("bronze"):
+            return self.step()
+        topic = self.rng.choice(candidates)
+        self._alter_topic(topic, COMPACT_AT_ONCE)
+        self.produce(committed=True, topic=topic, repeat=True)
+        cleaned = self._until_cleaned(topic)
+        before = self._stream_state("bronze")
+        code, output = self._run(("run", "--layer", "bronze", "--available-now"), None)
+        if code == REFUSED and SOURCE_COMPACTED in refusals_found(output):
+            self.report.refusals[SOURCE_COMPACTED] += 1
+        else:
+            self.report.anomalies["compacted_topics_not_refused"] += 1
+            self.report.findings.append(f"{topic} compacted: run --layer bronze exited {code}: {_last_lines(output)}")
+        if self._stream_state("bronze") != before:
+            self.report.anomalies["refused_starts_that_wrote"] += 1
+            self.report.findings.append(f"{topic} compacted: the refused bronze moved its table or checkpoint")
+        what = f"{topic} compacted ({'cleaned' if cleaned else 'not cleaned yet'}): refused"
+        if self.rng.random() < 0.5:
+            self._alter_topic(topic, {"cleanup.policy": "delete"})
+            removed = self._forget_compacted([topic])
+            return f"{what}; policy set back ({removed} records removed before bronze read them)"
+        self.compacted.append(topic)
+        self.env["KAFKA_COMPACTED_TOPICS"] = ",".join(self.compacted)
+        return f"{what}; named in kafka.compacted_topics"
+
+    def _until_cleaned(self, topic: str, timeout_s: float = 60.0) -> bool:
+        """Whether Kafka's log cleaner removed a committed record of ``topic`` within ``timeout_s``. A record
+        with a new key every two seconds rolls the segment, which the cleaner then takes (as the audit's test
+        of compacted topics does)."""
+
+        def held() -> set[str]:
+            return {record_id(value) for _, _, _, value, _ in read_topic(self.client, topic, "read_committed")}
+
+        there = held()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            self.produce(committed=True, topic=topic, repeat=False, count=1)
+            if there - held():
+                return True
+        return False
+
+    def _alter_topic(self, topic: str, settings: dict[str, str]) -> None:
+        entries = [
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in settings.items()
+        ]
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+        for future in self.admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+
+    def _forget_compacted(self, topics: list[str]) -> int:
+        """Forget (as lost) each committed record of ``topics`` that Kafka's log cleaner removed before bronze
+        read it: in neither Kafka nor bronze, with a later committed record of the same key in its topic.
+        Returns how many."""
+        if not topics:
+            return 0
+        bronze = self._bronze_ids()
+        forgotten = 0
+        for topic in topics:
+            held = {record_id(value) for _, _, _, value, _ in read_topic(self.client, topic, "read_committed")}
+            placed = [(name, key) for name, (where, key) in self.placed.items() if where == topic]
+            last_of = {}
+            for name, key in placed:
+                last_of[key] = max(last_of.get(key, name), name)
+            for name, key in placed:
+                if name in self.ledger.committed and name not in held and name not in bronze and last_of[key] > name:
+                    del self.ledger.committed[name]
+                    self.ledger.lost.add(name)
+                    forgotten += 1
+        self.report.records_compacted_away += forgotten
+        return forgotten
 
     def reconfigure(self) -> str:
         """A config key changed on a lakehouse that must refuse it: gold's window (gold has rows), or a
@@ -672,7 +923,10 @@ class Nemesis:
         else:
             stream, kind = "bronze", TOPIC_DROPPED
             dropped = self.rng.choice(self.topics)
-            changed = {"KAFKA_TOPICS": ",".join(topic for topic in self.topics if topic != dropped)}
+            changed = {
+                "KAFKA_TOPICS": ",".join(topic for topic in self.topics if topic != dropped),
+                "KAFKA_COMPACTED_TOPICS": ",".join(topic for topic in self.compacted if topic != dropped),
+            }
             what = f"{dropped} dropped from kafka.topics"
         before = self._stream_state(stream)
         code, output = self._run(("run", "--layer", stream, "--available-now"), changed)
@@ -694,8 +948,10 @@ class Nemesis:
         return f"{what}: refused, then set back"
 
     def _stream_state(self, stream: str) -> tuple:
-        """What a start of ``stream`` may not move when refused: its table's version and its checkpoint's logs."""
-        version = latest_snapshot(self.spark, Lakehouse(self.config.lakehouse_root).table(TABLES[stream])).version()
+        """What a start of ``stream`` may not move when refused: its table's rows (the last version that
+        changed them: a refusal may record what it found as a table property) and its checkpoint's logs."""
+        history = DeltaTable.forPath(self.spark, self._table(stream)).history()
+        version = history.where(col("operation") != "SET TBLPROPERTIES").agg(max_("version")).first()[0]
         checkpoint = self.checkpoint(stream)
         return version, batch_ids(self.spark, f"{checkpoint}/offsets"), self.committed_batches(checkpoint)
 
@@ -790,8 +1046,11 @@ class Nemesis:
         hadoop_path, filesystem = self._filesystem(path)
         filesystem.delete(hadoop_path, True)
 
+    def _table(self, table: str) -> str:
+        return Lakehouse(self.config.lakehouse_root).table(TABLES[table])
+
     def _has_rows(self, table: str) -> bool:
-        path = Lakehouse(self.config.lakehouse_root).table(TABLES[table])
+        path = self._table(table)
         if not self._exists(path):
             return False
         return self.spark.read.format("delta").load(path).limit(1).count() > 0
@@ -810,19 +1069,23 @@ class Nemesis:
         has read from: (topic, partition, offset, key)."""
         unread = []
         for topic in sorted({topic for topic, _ in ends}):
-            for partition, offset, key, _ in read_topic(self.client, topic, "read_committed"):
-                name = (key or b"").decode()
+            for partition, offset, _, value, _ in read_topic(self.client, topic, "read_committed"):
+                name = record_id(value)
                 if name in self.ledger.committed and offset >= ends.get((topic, partition), 0):
                     unread.append((topic, partition, offset, name))
         return unread
 
-    def _in_bronze(self, keys: list[str]) -> bool:
-        """Whether bronze holds a record of each of ``keys``."""
-        path = Lakehouse(self.config.lakehouse_root).table(BRONZE)
+    def _in_bronze(self, names: list[str]) -> bool:
+        """Whether bronze holds each of the records ``names`` (their ids, ``record_id``)."""
+        return set(names) <= self._bronze_ids()
+
+    def _bronze_ids(self) -> set[str]:
+        """The ids (``record_id``) of the records bronze holds of the run's topics."""
+        path = self._table("bronze")
         if not self._exists(path):
-            return False
-        rows = self.spark.read.format("delta").load(path).where(col("key").cast("string").isin(keys))
-        return rows.select("key").distinct().count() == len(keys)
+            return set()
+        values = self.spark.read.format("delta").load(path).where(col("topic").isin(self.topics)).select("value")
+        return {record_id(None if row.value is None else bytes(row.value)) for row in values.collect()}
 
     def _exists(self, path: str) -> bool:
         hadoop_path, filesystem = self._filesystem(path)
