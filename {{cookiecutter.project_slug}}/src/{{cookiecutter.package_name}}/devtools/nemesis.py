@@ -120,7 +120,8 @@ COMPACT_AT_ONCE = {
     "min.compaction.lag.ms": "0",
 }
 # Where a foreign writer's rows land: offsets no Kafka partition of the run reaches, windows years ahead.
-FOREIGN_OFFSET, FOREIGN_DAYS = 10**9, 3650
+FOREIGN_OFFSET = 10**9
+FOREIGN_DAYS = 3650
 # Refusals, recognised by what their message says was found (pipeline/refusals.py words them).
 CHECKPOINT_LOST = "gold's checkpoint lost"
 TABLE_AHEAD = "a table ahead of its checkpoint"
