@@ -251,7 +251,7 @@ def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int,
                     raise RuntimeError(f"reading {topic}: {message.error()}")
                 ended.add(message.partition())
                 continue
-            headers = {name: value for name, value in message.headers() or []}
+            headers = dict(message.headers() or [])
             records.append((message.partition(), message.offset(), message.key(), message.value(), headers))
         return records
     finally:

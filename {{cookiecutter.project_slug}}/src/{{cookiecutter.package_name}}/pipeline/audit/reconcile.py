@@ -148,10 +148,9 @@ def run_audit(
     # or compacted once and set back (both ways out of bronze's refusal), a warning; compacted now and not
     # named, a check the audit cannot make.
     undeclared = compacted_now - set(config.kafka.compacted_topics)
-    if compacted - undeclared:
-        report.warnings["compacted_topics_whose_superseded_records_bronze_may_never_have_read"] = len(
-            compacted - undeclared
-        )
+    accepted = compacted - undeclared
+    if accepted:
+        report.warnings["compacted_topics_whose_superseded_records_bronze_may_never_have_read"] = len(accepted)
     if undeclared:
         report.errors["compacted_topics_not_in_kafka_compacted_topics"] = len(undeclared)
     lost = retention.lost_offsets(spark, lakehouse)
