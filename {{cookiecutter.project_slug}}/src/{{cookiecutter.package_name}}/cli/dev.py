@@ -52,8 +52,17 @@ def register(commands) -> None:
     nemesis_parser = commands.add_parser(
         "nemesis", help="a seeded schedule of combined faults (kills, freezes, lost checkpoints, ...), then check"
     )
-    nemesis_parser.add_argument("--actions", type=int, default=100)
+    schedule = nemesis_parser.add_mutually_exclusive_group()
+    schedule.add_argument("--actions", type=int, help="how many seeded actions (100 unless --replay)")
+    schedule.add_argument(
+        "--replay", metavar="SCHEDULE", help="play the schedule a run saved (its schedule.json) instead of drawing one"
+    )
     nemesis_parser.add_argument("--seed", type=int, default=1)
+    nemesis_parser.add_argument(
+        "--shrink",
+        action="store_true",
+        help="with --replay of a failing run: replay ever shorter schedules (minutes each) for the shortest that fails",
+    )
     nemesis_parser.add_argument("--workdir", default=".nemesis", help="each run gets a fresh lakehouse below it")
     nemesis_parser.set_defaults(handler=nemesis)
 
@@ -143,12 +152,37 @@ def chaos(config: Config, args: argparse.Namespace) -> int:
 
 def nemesis(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.kafka_local import LocalKafka
-    from ..devtools.nemesis import run_nemesis
+    from ..devtools.nemesis import Schedule, run_nemesis, shrink
+    from ..pipeline.refusals import console_command
 
-    if args.actions < 1:
+    if args.actions is not None and args.actions < 1:
         print("nemesis: --actions must be at least 1", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}"
+    if args.shrink and args.replay is None:
+        print("nemesis: --shrink shortens a saved schedule: give it with --replay <run>/schedule.json", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    replay = None
+    if args.replay is not None:
+        try:
+            replay = Schedule.load(Path(args.replay))
+        except ValueError as error:
+            print(f"nemesis: --replay: {error}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+    if args.shrink:
+        if not replay.anomalies:
+            print(f"nemesis: {args.replay} found no anomaly: there is nothing to shorten", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        shortest = shrink(replay, Path(args.workdir).resolve())
+        if shortest is None:
+            print(f"nemesis: {args.replay} played again found none of {', '.join(replay.anomalies)}", file=sys.stderr)
+            return ExitCode.FAILED
+        path = Path(args.workdir).resolve() / "shrink" / "shortest.json"
+        shortest.save(path)
+        print(f"shortest schedule that still finds {', '.join(replay.anomalies)}: {', '.join(shortest.names())}")
+        print(f"saved: {path} (play it: {console_command()} nemesis --replay {path})")
+        return ExitCode.OK
+    seed = replay.seed if replay is not None else args.seed
+    run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-seed{seed}"
     workdir = Path(args.workdir).resolve() / run
     run_config = config.model_copy(update={"lakehouse_root": chaos_lakehouse(config.lakehouse_root, workdir, run)})
     broker = None
@@ -160,9 +194,24 @@ def nemesis(config: Config, args: argparse.Namespace) -> int:
             servers.callback(broker.stop)
             run_config = run_config.model_copy(update={"kafka": kafka})
         run_config = private_servers(run_config, workdir, servers)
-        report = run_nemesis(run_config, args.actions, args.seed, logs=workdir / "logs", broker=broker)
+        report = run_nemesis(
+            run_config,
+            logs=workdir / "logs",
+            actions=None if replay is not None else (args.actions or 100),
+            seed=seed,
+            replay=replay,
+            broker=broker,
+            schedule_file=workdir / "schedule.json",
+        )
     print(report.table())
     print(f"work directory: {workdir}")
+    if not report.clean:
+        schedule = Schedule.load(workdir / "schedule.json")
+        actions = ", ".join(schedule.names())
+        print(f"seed {seed}; the schedule up to the first anomaly ({len(schedule.actions)} actions): {actions}")
+        replay_command = f"{console_command()} nemesis --replay {workdir / 'schedule.json'}"
+        print(f"play it again: {replay_command}")
+        print(f"shorten it:    {replay_command} --shrink")
     return ExitCode.OK if report.clean else ExitCode.FAILED
 
 

@@ -54,6 +54,7 @@ Spark only reads the Delta tables; the ledger and the checks are plain Python (`
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -100,6 +101,30 @@ from .chaos import (
     wait_while_running,
 )
 
+# Each action's weight, in the order the schedule draws among those whose precondition holds.
+WEIGHTS = {
+    "produce": 6,
+    "drain": 3,
+    "step": 3,
+    "kill": 3,
+    "crash": 2,
+    "freeze": 1,
+    "snapshot": 1,
+    "restore": 1,
+    "rollback": 1,
+    "lose": 1,
+    "reset": 1,
+    "maintain": 1,
+    "foreign": 1,
+    "retention": 1,
+    "partition": 1,
+    "broker": 1,
+    "subscribe": 1,
+    "reconfigure": 1,
+    "compact": 1,
+}
+# How a schedule file writes the run's name, which each run draws afresh.
+RUN = "{run}"
 STREAMS = ("bronze", "silver", "gold")
 TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}
 # Every process of the run holds its stream's lease this long without renewal: short, so that a
@@ -160,12 +185,154 @@ WAY_OUT = re.compile(r"`[^`]*?(checkpoints (?:reset|accept-loss)[^`]*)`")
 LOST_LEASE = "writes nothing more for {stream}"
 
 
+class Draws(random.Random):
+    """The random numbers the actions draw, recorded step by step so that a later run can play them again.
+
+    Recording changes no number: a seed gives the same schedule and the same draws with or without it.
+    Played back (``pin``), a step's draws come out in the order recorded, each while it still answers
+    the call (a choice among options that include it, a number in the range asked for); once one does
+    not, because the state differs from the recorded run's (a schedule with actions taken out), the
+    rest of the step draws afresh. A draw made inside another (``randint`` calls ``randrange``) is
+    neither recorded nor pinned: only what the action asked for.
+
+    Example::
+
+        draws = Draws("1:actions")
+        draws.choice(["bronze", "gold"])
+        recorded = draws.take()           # ["gold"], say
+        again = Draws("other seed")
+        again.pin(recorded)
+        again.choice(["bronze", "gold"])  # "gold"
+    """
+
+    # A subclass that defines random() would otherwise get random.Random's other way of drawing an index
+    # (Random.__init_subclass__), and every choice of a seed would change.
+    _randbelow = random.Random._randbelow_with_getrandbits
+
+    def __init__(self, seed, run: str = "") -> None:
+        super().__init__(seed)
+        # The run's name (in its topics' and records' names) is recorded as RUN, so that another run's
+        # draws answer the same calls: its own topic, its own record of that number.
+        self.run = run
+        self.recorded: list = []
+        self.pinned: list = []
+        self._depth = 0
+
+    def pin(self, draws: list) -> None:
+        """Start a step whose draws come from ``draws`` while they answer the calls."""
+        self.recorded, self.pinned = [], [_renamed(draw, RUN, self.run) for draw in draws]
+
+    def take(self) -> list:
+        """The draws of the step that ends, recorded; the next step starts afresh."""
+        recorded, self.recorded, self.pinned = self.recorded, [], []
+        return [_renamed(draw, self.run, RUN) for draw in recorded]
+
+    def _draw(self, answers: Callable[[object], bool], draw: Callable[[], object]):
+        self._depth += 1
+        try:
+            if self._depth == 1 and self.pinned:
+                value = self.pinned.pop(0)
+                if not answers(value):
+                    self.pinned.clear()
+                    value = draw()
+            else:
+                value = draw()
+        finally:
+            self._depth -= 1
+        if self._depth == 0:
+            self.recorded.append(value)
+        return value
+
+    def choice(self, seq):
+        return self._draw(lambda value: value in seq, lambda: random.Random.choice(self, seq))
+
+    def random(self) -> float:
+        return self._draw(
+            lambda value: isinstance(value, float) and 0.0 <= value < 1.0, lambda: random.Random.random(self)
+        )
+
+    def uniform(self, a: float, b: float) -> float:
+        low, high = min(a, b), max(a, b)
+        return self._draw(
+            lambda value: isinstance(value, float) and low <= value <= high, lambda: random.Random.uniform(self, a, b)
+        )
+
+    def randint(self, a: int, b: int) -> int:
+        return self._draw(
+            lambda value: isinstance(value, int) and a <= value <= b, lambda: random.Random.randint(self, a, b)
+        )
+
+    def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
+        def answers(value) -> bool:
+            numbers = range(start) if stop is None else range(start, stop, step)
+            return isinstance(value, int) and value in numbers
+
+        return self._draw(answers, lambda: random.Random.randrange(self, start, stop, step))
+
+
 @dataclass
 class Step:
     number: int
     action: str
     detail: str
     seconds: float
+    # What the action drew (``Draws``), and the anomalies found while it ran.
+    draws: list = field(default_factory=list)
+    anomalies: dict[str, int] = field(default_factory=dict)
+    # The drain every run ends with: not part of the schedule a replay plays (it ends with its own).
+    final: bool = False
+
+
+@dataclass
+class Schedule:
+    """The actions a run took, with their draws, in the file a later run plays again (``nemesis --replay``).
+
+    A failing run's schedule ends at its first step with an anomaly: what came after cannot have
+    caused it. ``anomalies`` are the kinds that step found, the ones a shorter schedule must still find.
+
+    Example::
+
+        Schedule.of(seed=1, report=report).save(workdir / "schedule.json")
+        Schedule.load(workdir / "schedule.json").names()  # ["produce", "kill", "drain"]
+    """
+
+    seed: int
+    actions: list[dict]
+    anomalies: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, seed: int, report: NemesisReport) -> Schedule:
+        actions, anomalies = [], []
+        for step in report.steps:
+            if not step.final:
+                actions.append({"action": step.action, "draws": step.draws})
+            if step.anomalies:
+                anomalies = sorted(step.anomalies)
+                break
+        return cls(seed, actions, anomalies)
+
+    @classmethod
+    def load(cls, path: Path) -> Schedule:
+        """Read a schedule file; a ``ValueError`` names what is wrong with it."""
+        try:
+            data = json.loads(Path(path).read_text())
+            schedule = cls(int(data["seed"]), list(data["actions"]), list(data.get("anomalies", [])))
+            for action in schedule.actions:
+                action["draws"] = list(_tuples(action.get("draws", [])))
+                if action["action"] not in WEIGHTS:
+                    raise ValueError(f"unknown action {action['action']!r}")
+        except (OSError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path}: not a nemesis schedule ({error})") from error
+        return schedule
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"seed": self.seed, "anomalies": self.anomalies, "actions": self.actions}, indent=1))
+
+    def names(self) -> list[str]:
+        return [action["action"] for action in self.actions]
+
+    def without(self, kept: list[dict]) -> Schedule:
+        return Schedule(self.seed, kept, self.anomalies)
 
 
 @dataclass
@@ -207,7 +374,15 @@ class NemesisReport:
 class Nemesis:
     """One run: a private topic and lakehouse, the ledger, this runner's Spark, and the actions."""
 
-    def __init__(self, config, seed: int, logs: Path, broker=None, records_per_transaction: int = 40):
+    def __init__(
+        self,
+        config,
+        seed: int,
+        logs: Path,
+        broker=None,
+        records_per_transaction: int = 40,
+        schedule_file: Path | None = None,
+    ):
         from ..pipeline import s3
         from ..pipeline.egress import settings_of
         from ..pipeline.kafka.clients import bootstrap_servers, client_config
@@ -216,12 +391,14 @@ class Nemesis:
         self.config = config
         # Which action comes next, and how each action plays out, from two streams of the same seed: a
         # schedule stays the same when an action's own draws change.
+        self.run = f"nemesis{seed}-{uuid.uuid4().hex[:6]}"
         self.schedule = random.Random(seed)
-        self.rng = random.Random(f"{seed}:actions")
+        self.rng = Draws(f"{seed}:actions", run=self.run)
+        self.seed = seed
+        self.schedule_file = schedule_file
         self.logs = logs
         self.broker = broker
         self.records_per_transaction = records_per_transaction
-        self.run = f"nemesis{seed}-{uuid.uuid4().hex[:6]}"
         self.topic = self.run
         self.topics = [self.topic]
         self.client = client_config(config)
@@ -265,47 +442,76 @@ class Nemesis:
         # The refusals a start of each stream may meet, and whether it must meet one.
         self.expecting: dict[str, tuple[set[str], bool]] = {}
         self.commands = 0
+        acts = {
+            "produce": self.produce,
+            "drain": self.drain,
+            "step": self.step,
+            "kill": self.kill,
+            "crash": self.crash,
+            "freeze": self.freeze,
+            "snapshot": self.snapshot,
+            "restore": self.restore,
+            "rollback": self.rollback,
+            "lose": self.lose,
+            "reset": self.reset,
+            "maintain": self.maintain,
+            "foreign": self.foreign,
+            "retention": self.retention,
+            "partition": self.add_partition,
+            "broker": self.restart_broker,
+            "subscribe": self.subscribe,
+            "reconfigure": self.reconfigure,
+            "compact": self.compact,
+        }
+        preconditions = {
+            "restore": lambda: bool(self.copies),
+            "rollback": lambda: bool(self.table_copies),
+            "partition": lambda: self.partitions < MAX_PARTITIONS,
+            "broker": lambda: self.broker is not None,
+            "subscribe": lambda: len(self.topics) < MAX_TOPICS,
+            "compact": lambda: len(self.compacted) < len(self.topics),
+        }
         self.actions: list[tuple[str, int, Callable[[], bool], Callable[[], str]]] = [
-            ("produce", 6, lambda: True, self.produce),
-            ("drain", 3, lambda: True, self.drain),
-            ("step", 3, lambda: True, self.step),
-            ("kill", 3, lambda: True, self.kill),
-            ("crash", 2, lambda: True, self.crash),
-            ("freeze", 1, lambda: True, self.freeze),
-            ("snapshot", 1, lambda: True, self.snapshot),
-            ("restore", 1, lambda: bool(self.copies), self.restore),
-            ("rollback", 1, lambda: bool(self.table_copies), self.rollback),
-            ("lose", 1, lambda: True, self.lose),
-            ("reset", 1, lambda: True, self.reset),
-            ("maintain", 1, lambda: True, self.maintain),
-            ("foreign", 1, lambda: True, self.foreign),
-            ("retention", 1, lambda: True, self.retention),
-            ("partition", 1, lambda: self.partitions < MAX_PARTITIONS, self.add_partition),
-            ("broker", 1, lambda: self.broker is not None, self.restart_broker),
-            ("subscribe", 1, lambda: len(self.topics) < MAX_TOPICS, self.subscribe),
-            ("reconfigure", 1, lambda: True, self.reconfigure),
-            ("compact", 1, lambda: len(self.compacted) < len(self.topics), self.compact),
+            (name, weight, preconditions.get(name, lambda: True), acts[name]) for name, weight in WEIGHTS.items()
         ]
 
     # --- the schedule -------------------------------------------------------------------------
 
-    def play(self, actions: int) -> NemesisReport:
-        """Take ``actions`` seeded actions, then a final drain judged by the oracle and the audit."""
-        for number in range(1, actions + 1):
-            ready = [(name, weight, act) for name, weight, possible, act in self.actions if possible()]
-            name, _, act = self.schedule.choices(ready, weights=[weight for _, weight, _ in ready])[0]
-            self._take(number, name, act)
-        self._take(actions + 1, "drain", self.drain)
+    def play(self, actions: int | None = None, replay: Schedule | None = None) -> NemesisReport:
+        """Take ``actions`` seeded actions, or the actions of a recorded schedule with their draws, then a
+        final drain judged by the oracle and the audit. After every step the schedule so far is saved
+        (``schedule_file``), so that a run stopped halfway can be played again too."""
+        if replay is None:
+            for number in range(1, actions + 1):
+                ready = [(name, weight, act) for name, weight, possible, act in self.actions if possible()]
+                name, _, act = self.schedule.choices(ready, weights=[weight for _, weight, _ in ready])[0]
+                self._take(number, name, act)
+        else:
+            by_name = {name: (possible, act) for name, _, possible, act in self.actions}
+            for number, recorded in enumerate(replay.actions, 1):
+                possible, act = by_name[recorded["action"]]
+                if possible():
+                    self._take(number, recorded["action"], act, draws=recorded["draws"])
+                else:
+                    # A shortened schedule can leave an action without what it needs (a restore without a copy).
+                    print(f"[{number:3d}] {recorded['action']:<8} skipped: its precondition does not hold", flush=True)
+        self._take(len(self.report.steps) + 1, "drain", self.drain, final=True)
         self.report.records_committed = len(self.ledger.committed)
         self.report.records_aborted = len(self.ledger.aborted)
         return self.report
 
-    def _take(self, number: int, name: str, act: Callable[[], str]) -> None:
+    def _take(self, number: int, name: str, act: Callable[[], str], draws: list = (), final: bool = False) -> None:
+        found_before = Counter(self.report.anomalies)
+        self.rng.pin(draws)
         started = time.monotonic()
         detail = act()
-        step = Step(number, name, detail, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        found = dict(Counter(self.report.anomalies) - found_before)
+        step = Step(number, name, detail, seconds, draws=self.rng.take(), anomalies=found, final=final)
         self.report.steps.append(step)
         print(f"[{number:3d}] {name:<8} {step.seconds:6.1f} s  {detail}", flush=True)
+        if self.schedule_file is not None:
+            Schedule.of(self.seed, self.report).save(self.schedule_file)
 
     # --- running the pipeline -----------------------------------------------------------------
 
@@ -1136,16 +1342,112 @@ def _last_lines(output: str, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in output.strip().splitlines()[-lines:])
 
 
-def run_nemesis(config, actions: int, seed: int, logs: Path, broker=None) -> NemesisReport:
-    """Play ``actions`` seeded actions against a private topic and lakehouse, then judge the end.
+def run_nemesis(
+    config,
+    logs: Path,
+    actions: int | None = None,
+    seed: int = 1,
+    replay: Schedule | None = None,
+    broker=None,
+    schedule_file: Path | None = None,
+) -> NemesisReport:
+    """Play ``actions`` seeded actions, or the schedule ``replay``, against a private topic and lakehouse,
+    then judge the end. The schedule taken is saved to ``schedule_file`` after every step.
 
     ``config`` points at the broker and at a lakehouse of this run only (resolved, as for chaos);
     ``broker``, when the caller started it for this run, is restarted by the ``broker`` action.
+
+    Example::
+
+        report = run_nemesis(config, workdir / "logs", actions=100, seed=1, schedule_file=workdir / "schedule.json")
+        report.clean
     """
+    if (actions is None) == (replay is None):
+        raise ValueError("run_nemesis takes either a number of actions or a schedule to replay")
+    if actions is not None and actions < 1:
+        raise ValueError(f"actions must be at least 1, not {actions}")
     logs.mkdir(parents=True, exist_ok=True)
-    nemesis = Nemesis(config, seed, logs, broker=broker)
+    seed = replay.seed if replay is not None else seed
+    nemesis = Nemesis(config, seed, logs, broker=broker, schedule_file=schedule_file)
     try:
-        return nemesis.play(actions)
+        return nemesis.play(actions, replay=replay)
     finally:
         nemesis.producer.flush(10)
         del nemesis.producer  # its client closes now, before the caller stops the broker
+
+
+def shortest_failing(actions: list, fails: Callable[[list], bool]) -> list:
+    """The shortest sublist of ``actions`` found that still ``fails``: Zeller's delta debugging (ddmin),
+    which takes out ever smaller chunks while the rest still fails. ``actions`` must fail.
+
+    Each call of ``fails`` is a whole replay (fresh servers and lakehouse, minutes), so this takes
+    about ``n log n`` replays for ``n`` actions, fewer when most actions do not matter.
+
+    Example::
+
+        shortest_failing(list("abcdef"), lambda kept: "b" in kept and "e" in kept)  # ["b", "e"]
+    """
+    chunks = 2
+    while len(actions) >= 2:
+        size = -(-len(actions) // chunks)
+        starts = range(0, len(actions), size)
+        for start in starts:
+            rest = actions[:start] + actions[start + size :]
+            if rest and fails(rest):
+                actions, chunks = rest, max(chunks - 1, 2)
+                break
+        else:
+            if chunks >= len(actions):
+                break
+            chunks = min(chunks * 2, len(actions))
+    return actions
+
+
+def shrink(schedule: Schedule, workdir: Path) -> Schedule | None:
+    """The shortest schedule found that still meets one of ``schedule``'s anomalies, each candidate played
+    by ``nemesis --replay`` in a process and a work directory of its own (saved under ``workdir``).
+
+    None when ``schedule`` itself, played again, meets none: what failed depended on timing the
+    replay did not repeat (a kill's moment, a busy machine), and its logs are what is left to read."""
+    trials = workdir / "shrink"
+    trials.mkdir(parents=True, exist_ok=True)
+    tried = 0
+
+    def fails(actions: list) -> bool:
+        nonlocal tried
+        tried += 1
+        candidate = schedule.without(actions)
+        path = trials / f"trial-{tried:03d}.json"
+        candidate.save(path)
+        run_dir = trials / f"trial-{tried:03d}"
+        with (trials / f"trial-{tried:03d}.log").open("w") as log:
+            subprocess.run(
+                pipeline_command("nemesis", "--replay", str(path), "--workdir", str(run_dir)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        found: set[str] = set()
+        for played in run_dir.glob("*/schedule.json"):
+            found |= set(Schedule.load(played).anomalies)
+        still = bool(found & set(schedule.anomalies))
+        print(f"shrink: trial {tried}, {len(actions)} actions: {'fails' if still else 'passes'}", flush=True)
+        return still
+
+    if not fails(schedule.actions):
+        return None
+    return schedule.without(shortest_failing(schedule.actions, fails))
+
+
+def _renamed(value, old: str, new: str):
+    """``value`` (a draw: a name, a number, a tuple of them) with the run name ``old`` written as ``new``."""
+    if isinstance(value, str) and old:
+        return value.replace(old, new)
+    if isinstance(value, tuple):
+        return tuple(_renamed(item, old, new) for item in value)
+    return value
+
+
+def _tuples(value):
+    """JSON's lists back into the tuples they were drawn as (a topic and partition, say)."""
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value

@@ -1,0 +1,171 @@
+"""The nemesis's schedule: recorded with its draws, saved, played again, and shortened when it fails.
+
+The schedule's runs themselves (servers, the pipeline's processes, the oracle) are in test_faults.py.
+"""
+
+import random
+
+import pytest
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.nemesis import Draws, NemesisReport, Schedule, Step, shortest_failing
+
+
+def draw_a_step(rng: random.Random) -> list:
+    """What an action asks of its random numbers: each kind of call the actions make."""
+    return [
+        rng.choice(["bronze", "silver", "gold"]),
+        rng.random(),
+        rng.uniform(1.0, 8.0),
+        rng.randint(1, 40),
+        rng.randrange(6),
+        rng.randrange(1, 50_000),
+        rng.choice([("events", 0), ("events", 1)]),
+    ]
+
+
+def test_recording_the_draws_changes_none_of_them():
+    # A seed's schedule must stay what it was before its draws were recorded: soaks stay comparable.
+    plain, recording = random.Random("7:actions"), Draws("7:actions")
+
+    for _ in range(50):
+        recording.pin([])
+        drawn = draw_a_step(recording)
+        assert drawn == draw_a_step(plain)
+        assert recording.take() == drawn
+
+
+def test_a_step_played_again_draws_what_was_recorded_whatever_the_seed():
+    recorded = Draws("1:actions")
+    first = draw_a_step(recorded)
+    draws = recorded.take()
+
+    replay = Draws("a different seed")
+    replay.pin(draws)
+
+    assert draw_a_step(replay) == first
+    assert replay.take() == draws
+
+
+def test_a_draw_that_names_the_run_answers_the_same_call_in_another_run():
+    # Topics and records are named after the run, and each run draws its name afresh.
+    first = Draws("4:actions", run="nemesis4-aaaaaa")
+    topic = first.choice(["nemesis4-aaaaaa", "nemesis4-aaaaaa-2"])
+    partition = first.choice([("nemesis4-aaaaaa", 0), ("nemesis4-aaaaaa", 1)])
+    draws = first.take()
+    assert "aaaaaa" not in repr(draws)
+
+    second = Draws("another seed", run="nemesis4-bbbbbb")
+    second.pin(draws)
+
+    assert second.choice(["nemesis4-bbbbbb", "nemesis4-bbbbbb-2"]) == topic.replace("aaaaaa", "bbbbbb")
+    assert second.choice([("nemesis4-bbbbbb", 0), ("nemesis4-bbbbbb", 1)]) == ("nemesis4-bbbbbb", partition[1])
+
+
+def test_a_recorded_draw_that_no_longer_answers_the_call_leaves_the_rest_of_the_step_to_chance():
+    replay = Draws("2:actions")
+    replay.pin(["gone-stream", 0.5])
+
+    stream = replay.choice(["bronze", "silver"])
+    share = replay.random()
+
+    # "gone-stream" is not among the options, so it and the draws after it are dropped, not misplaced.
+    assert stream in ("bronze", "silver")
+    assert share != 0.5
+    assert replay.take() == [stream, share]
+
+
+def test_a_draw_made_inside_another_is_neither_recorded_nor_pinned():
+    # randint calls randrange: only the call the action made is its draw.
+    replay = Draws("3:actions")
+    replay.pin([17])
+
+    assert replay.randint(1, 40) == 17
+    assert replay.take() == [17]
+
+
+def test_a_saved_schedule_ends_at_its_first_anomaly_and_reads_back_with_its_tuples(tmp_path):
+    report = NemesisReport(
+        steps=[
+            Step(1, "produce", "12 records committed", 0.1, draws=[12, 3, "topic-a"]),
+            Step(2, "retention", "deleted", 1.0, draws=[("topic-a", 1), 5]),
+            Step(3, "drain", "oracle wrong", 30.0, anomalies={"bronze_duplicates": 2}),
+            Step(4, "kill", "killed", 20.0, draws=["all"]),
+            Step(5, "drain", "oracle clean", 30.0, final=True),
+        ]
+    )
+    path = tmp_path / "schedule.json"
+
+    Schedule.of(seed=5, report=report).save(path)
+    schedule = Schedule.load(path)
+
+    assert schedule.seed == 5
+    assert schedule.names() == ["produce", "retention", "drain"]
+    assert schedule.actions[1]["draws"] == [("topic-a", 1), 5]
+    assert schedule.anomalies == ["bronze_duplicates"]
+
+
+def test_a_clean_runs_schedule_keeps_every_action_but_the_final_drain(tmp_path):
+    report = NemesisReport(
+        steps=[
+            Step(1, "produce", "committed", 0.1, draws=[1]),
+            Step(2, "drain", "oracle clean", 30.0),
+            Step(3, "drain", "oracle clean", 30.0, final=True),
+        ]
+    )
+
+    schedule = Schedule.of(seed=1, report=report)
+
+    assert schedule.names() == ["produce", "drain"]
+    assert schedule.anomalies == []
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("not json", "not a nemesis schedule"),
+        ('{"actions": []}', "'seed'"),
+        ('{"seed": 1, "actions": [{"action": "teleport", "draws": []}]}', "unknown action 'teleport'"),
+    ],
+)
+def test_a_file_that_is_not_a_schedule_is_refused_naming_what_is_wrong(tmp_path, text, problem):
+    path = tmp_path / "schedule.json"
+    path.write_text(text)
+
+    with pytest.raises(ValueError, match=problem):
+        Schedule.load(path)
+
+
+def test_shortening_keeps_only_the_actions_the_failure_needs_in_their_order():
+    tried = []
+
+    def fails(actions: list) -> bool:
+        tried.append(list(actions))
+        # Fails when a checkpoint is lost and a later drain runs: the other actions are noise.
+        return "lose" in actions and "drain" in actions[actions.index("lose") :]
+
+    schedule = ["produce", "step", "produce", "lose", "kill", "produce", "snapshot", "drain", "produce", "reset"]
+
+    assert shortest_failing(schedule, fails) == ["lose", "drain"]
+    # Delta debugging, not every subset: far fewer replays than 2^10.
+    assert len(tried) < 40
+
+
+def test_a_schedule_that_fails_on_one_action_shortens_to_it():
+    assert shortest_failing(list("abcdefgh"), lambda actions: "f" in actions) == ["f"]
+
+
+def test_nemesis_refuses_shrink_without_a_schedule_and_a_schedule_it_cannot_read(tmp_path, capsys):
+    assert main(["nemesis", "--shrink"]) == 2
+    assert "--shrink shortens a saved schedule" in capsys.readouterr().err
+
+    assert main(["nemesis", "--replay", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: not a nemesis schedule" in capsys.readouterr().err
+
+
+def test_shrinking_a_schedule_that_found_nothing_is_refused(tmp_path, capsys):
+    path = tmp_path / "schedule.json"
+    Schedule(seed=1, actions=[{"action": "produce", "draws": []}]).save(path)
+
+    assert main(["nemesis", "--replay", str(path), "--shrink"]) == 2
+    assert "found no anomaly" in capsys.readouterr().err
