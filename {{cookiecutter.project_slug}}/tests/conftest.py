@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
+from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline import s3
@@ -81,6 +82,8 @@ def spark():
         # from JAVA_TOOL_OPTIONS; a later -XX flag wins over an earlier one.
         DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4",
     }
+    # The benchmark's egress phase runs in this session too (tests/test_bench.py): its baseline's JDBC driver.
+    packages = [*packages, *baseline_packages()]
     session = build_spark(
         "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
     )

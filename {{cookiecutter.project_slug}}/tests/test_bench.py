@@ -16,12 +16,14 @@ import pytest
 from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench
 from {{ cookiecutter.package_name }}.bench.recovery import ChildLog, kill_point
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
+from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 
 pytestmark = pytest.mark.bench
 
 TINY = dataclasses.replace(
     QUICK_SIZES,
     records=2_000,
+    egress_rows=2_000,
     max_offsets_per_trigger=1_000,
     warmup_records=0,
     silver_batch=500,
@@ -120,6 +122,12 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     }
     assert rows["s3"] == rows["local"]
     assert all(drain["bronze"] == TINY.storage_records for drain in rows["s3"])
+    # Each egress and Spark's own writer published the same gold, in one batch and in one-row batches.
+    egress = details["egress"]
+    runners = {runner for name in installed_names() for runner in (name, f"{name}_baseline")}
+    assert set(egress["bulk"]) == runners
+    assert all(run["batches"] >= 1 for run in egress["bulk"].values())
+    assert all(len(batch_ms) == TINY.overhead_repeats for batch_ms in egress["one_row_batch_ms"].values())
     assert details["latency_fast"]["trigger"] == TINY.latency_fast_trigger
     assert details["latency_fast"]["markers"] >= 2
 

@@ -27,6 +27,8 @@ S3A_BUCKET_PREFIX = "fs.s3a.bucket."
 # SIGTERM to SIGKILL of the private S3 server: its data goes with the work directory, so the ~15 s
 # of SeaweedFS's orderly exit buys nothing.
 S3_STOP_TIMEOUT_S = 0.5
+# PostgreSQL's JDBC driver, for Spark's JDBC writer: the PostgreSQL egress's baseline (bench/egress.py).
+POSTGRES_JDBC = "org.postgresql:postgresql:42.7.14"
 
 # Per-batch phases Spark reports in StreamingQueryProgress.durationMs.
 DURATION_KEYS = (
@@ -38,6 +40,14 @@ DURATION_KEYS = (
     "walCommit",
     "commitOffsets",
 )
+
+
+def baseline_packages() -> list[str]:
+    """Maven packages of what the egress phase compares with, which a session must load from its start:
+    Spark's JDBC writer needs PostgreSQL's driver (bench/egress.py)."""
+    from ..pipeline.egress import installed_names
+
+    return [POSTGRES_JDBC] if "postgres_egress" in installed_names() else []
 
 
 def say(message: str) -> None:
@@ -228,7 +238,7 @@ class Bench:
             ui_enabled=False,
             # Only this driver's own settings: the pipeline runs with the project's configuration.
             extra_conf={**s3_conf, "spark.sql.streaming.numRecentProgressUpdates": "1000"},
-            extra_packages=packages,
+            extra_packages=[*packages, *baseline_packages()],
         )
         if self.own_spark:
             self.spark.sparkContext.setLogLevel("ERROR")

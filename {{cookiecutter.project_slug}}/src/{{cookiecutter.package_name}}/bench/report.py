@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..pipeline.config import duration_seconds
+from ..pipeline.egress import installed_names
 from ..pipeline.spark import java_class
 
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
 
-# Every metric key bench.json holds, in table order.
+# Every metric key bench.json holds, in table order (each egress's when this project has it).
 METRIC_KEYS = (
     "kafka_consumer_rps",
     "spark_source_rps",
@@ -82,6 +83,18 @@ METRIC_KEYS = (
     "drain_undisturbed_s",
     "drain_killed_s",
     "recovery_cost",
+    *(
+        f"{egress}_{figure}"
+        for egress in installed_names()
+        for figure in (
+            "rows_per_s",
+            "baseline_rows_per_s",
+            "bulk_cost",
+            "one_row_batch_ms",
+            "baseline_one_row_batch_ms",
+            "batch_cost",
+        )
+    ),
 )
 
 # The targets table, in the order of the targets; a targeted key not listed comes after them.

@@ -18,7 +18,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..pipeline.config import Config
-from . import exactly_once, fixed_overhead, gold_scaling, latency, recovery, silver_scaling, storage, throughput
+from . import (
+    egress,
+    exactly_once,
+    fixed_overhead,
+    gold_scaling,
+    latency,
+    recovery,
+    silver_scaling,
+    storage,
+    throughput,
+)
 from .harness import Bench, say
 from .load import produce_backlog
 from .report import METRIC_KEYS, load_average, machine_info, publish
@@ -86,6 +96,7 @@ def run_bench(
         recovery.measure(bench, topic)
         silver_scaling.measure(bench, topic)
         gold_scaling.measure(bench)
+        egress.measure(bench)
         fixed_overhead.measure(bench, topic)
         storage.measure(bench)
         latency.measure(bench, topic)

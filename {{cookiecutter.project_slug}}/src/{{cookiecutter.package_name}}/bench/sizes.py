@@ -38,6 +38,7 @@ class Sizes:
     # Recovery in new processes (SIGKILL, cold JVM on restart) or in this one (query.stop(), warm JVM).
     recovery_in_process: bool = False
     timeout_s: float = 1800.0  # any single wait
+    egress_rows: int = 200_000  # gold rows each egress and its baseline publish in one batch
 
     def __post_init__(self) -> None:
         positive = (
@@ -59,6 +60,7 @@ class Sizes:
             "latency_seconds",
             "marker_every_s",
             "timeout_s",
+            "egress_rows",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -131,4 +133,5 @@ QUICK_SIZES = Sizes(
     marker_every_s=0.5,
     kill_fraction=0.5,
     recovery_in_process=True,
+    egress_rows=20_000,
 )
