@@ -947,16 +947,19 @@ class Nemesis:
         records bronze holds (nothing is lost), otherwise also records it has not read yet, through a
         committed one: bronze's next start must refuse to skip them and name the way out. The runner
         forgets those records (they are lost on purpose); a start that skips them without a refusal
-        shows as a predicted refusal missed."""
-        held = self._bronze_ends()
+        shows as a predicted refusal missed.
+
+        Only topics that delete by retention: Kafka refuses to delete records of a compacted one
+        (POLICY_VIOLATION), whose cleaner ``compact`` plays instead."""
+        held = {partition: end for partition, end in self._bronze_ends().items() if self._deletes(partition[0])}
         if not held:
-            return "bronze holds no record yet"
+            return "bronze holds no record of a topic that deletes by retention yet"
         past = self.rng.random() < 0.5 and not self.pending_refusals("bronze")
-        if past:
+        unread = self._unread_committed(held) if past else []
+        if past and not unread:
+            self.produce(committed=True)  # to a topic of the run: perhaps a compacted one, then none is unread
             unread = self._unread_committed(held)
-            if not unread:
-                self.produce(committed=True)
-                unread = self._unread_committed(held)
+        if unread:
             partition = self.rng.choice(sorted({(topic, number) for topic, number, _, _ in unread}))
             in_partition = sorted(
                 (offset, key) for topic, number, offset, key in unread if (topic, number) == partition
@@ -978,6 +981,10 @@ class Nemesis:
             self.expect("bronze", {SOURCE_LOST}, True)
         what = f"{len(lost)} committed records bronze had not read" if lost else "only records bronze holds"
         return f"{topic}[{number}] deleted below offset {cut}: {what}"
+
+    def _deletes(self, topic: str) -> bool:
+        """Whether ``topic`` deletes by retention now: not one named a changelog (left compacted)."""
+        return topic not in self.compacted
 
     def add_partition(self) -> str:
         """One more partition in the topic: the producer's keys spread over it from now on."""
