@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pyspark.sql.streaming import StreamingQuery
 
+from ..devtools.chaos import KAFKA_EGRESS, POSTGRES_EGRESS
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import Config
 from ..pipeline.contract import EVENTS
@@ -39,8 +40,6 @@ from ..pipeline.streams import start_stream
 from .gold_scaling import gold_rows
 from .harness import Bench, await_query, batches, progress_of, say
 
-KAFKA_EGRESS = "kafka_egress"
-POSTGRES_EGRESS = "postgres_egress"
 ROWS_PER_FILE = 50_000
 # Gold's first version, published before anything is measured: one row per event type of each window.
 WARM_UP_WINDOWS = 25

@@ -45,9 +45,10 @@ DURATION_KEYS = (
 def baseline_packages() -> list[str]:
     """Maven packages of what the egress phase compares with, which a session must load from its start:
     Spark's JDBC writer needs PostgreSQL's driver (bench/egress.py)."""
+    from ..devtools.chaos import POSTGRES_EGRESS
     from ..pipeline.egress import installed_names
 
-    return [POSTGRES_JDBC] if "postgres_egress" in installed_names() else []
+    return [POSTGRES_JDBC] if POSTGRES_EGRESS in installed_names() else []
 
 
 def say(message: str) -> None:
