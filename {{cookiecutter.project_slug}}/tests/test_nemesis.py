@@ -1,4 +1,5 @@
-"""The nemesis's schedule: recorded with its draws, saved, played again, and shortened when it fails.
+"""The nemesis's schedule: recorded with its draws, saved, played again, and shortened when it fails;
+and what it predicts the pipeline must refuse after the faults it played.
 
 The schedule's runs themselves (servers, the pipeline's processes, the oracle) are in test_faults.py.
 """
@@ -8,7 +9,18 @@ import random
 import pytest
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.devtools.nemesis import Draws, NemesisReport, Schedule, Step, shortest_failing
+from {{ cookiecutter.package_name }}.devtools.nemesis import (
+    CHECKPOINT_LOST,
+    MARKER_MISMATCH,
+    SOURCE_LOST,
+    TABLE_AHEAD,
+    Draws,
+    NemesisReport,
+    Predictions,
+    Schedule,
+    Step,
+    shortest_failing,
+)
 
 
 def draw_a_step(rng: random.Random) -> list:
@@ -169,3 +181,34 @@ def test_shrinking_a_schedule_that_found_nothing_is_refused(tmp_path, capsys):
 
     assert main(["nemesis", "--replay", str(path), "--shrink"]) == 2
     assert "found no anomaly" in capsys.readouterr().err
+
+
+def test_a_lost_checkpoint_takes_the_certainty_of_what_its_copy_was_bound_to_meet():
+    # A soak found it: an egress's checkpoint put back behind its marker (certain to be refused), then
+    # lost before the egress ran: the egress starts as a new stream, and no refusal is owed.
+    predictions = Predictions()
+    predictions.expect("postgres_egress", {MARKER_MISMATCH}, certain=True)
+    predictions.checkpoint_lost("postgres_egress")
+    assert predictions.pending(["postgres_egress"]) == {MARKER_MISMATCH}
+    assert not predictions.certain(["postgres_egress"])
+
+
+def test_a_lost_checkpoint_leaves_a_loss_in_kafka_certain():
+    # Bronze without a checkpoint resumes after the offsets it holds, and finds the records gone all the same.
+    predictions = Predictions()
+    predictions.expect("bronze", {SOURCE_LOST}, certain=True)
+    predictions.expect("bronze", {TABLE_AHEAD}, certain=True)
+    predictions.checkpoint_lost("bronze")
+    assert predictions.pending(["bronze"]) == {SOURCE_LOST, TABLE_AHEAD}
+    assert predictions.certain(["bronze"])
+
+
+def test_a_reset_clears_what_was_predicted_but_a_loss_in_kafka():
+    predictions = Predictions()
+    predictions.expect("bronze", {SOURCE_LOST, TABLE_AHEAD}, certain=True)
+    predictions.expect("gold", {CHECKPOINT_LOST}, certain=True)
+    predictions.cleared(["bronze", "silver", "gold"], reset=True)
+    assert predictions.pending(["bronze", "silver", "gold"]) == {SOURCE_LOST}
+    assert predictions.certain(["bronze"]) and not predictions.certain(["gold"])
+    predictions.cleared(["bronze"])
+    assert predictions.pending(["bronze"]) == set()

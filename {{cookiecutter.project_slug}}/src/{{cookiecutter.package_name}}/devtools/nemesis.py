@@ -335,6 +335,50 @@ class Schedule:
         return Schedule(self.seed, kept, self.anomalies)
 
 
+class Predictions:
+    """The refusals a start of each stream may meet after the faults played so far, and whether it must
+    meet one: a start refused with none of them, or a certain one not met, is an anomaly.
+
+    Example::
+
+        predictions = Predictions()
+        predictions.expect("gold", {CHECKPOINT_LOST}, certain=True)
+        predictions.pending(["bronze", "gold"])  # {CHECKPOINT_LOST}
+        predictions.cleared(["gold"])             # gold ran: nothing is pending
+    """
+
+    def __init__(self) -> None:
+        self._by_stream: dict[str, tuple[set[str], bool]] = {}
+
+    def expect(self, stream: str, kinds: set[str], certain: bool) -> None:
+        """A start of ``stream`` may now meet one of ``kinds`` (must meet one, when ``certain``), as well
+        as what it was predicted to meet before."""
+        before, was_certain = self._by_stream.get(stream, (set(), False))
+        self._by_stream[stream] = (before | set(kinds), was_certain or certain)
+
+    def pending(self, streams) -> set[str]:
+        return set().union(*(self._by_stream.get(name, (set(), False))[0] for name in streams))
+
+    def certain(self, streams) -> bool:
+        return any(self._by_stream.get(name, (set(), False))[1] for name in streams)
+
+    def cleared(self, streams, reset: bool = False) -> None:
+        """``streams`` ran (or were ``reset``): what was predicted for them is behind them. A reset leaves
+        records Kafka lost to bronze lost: bronze resumes after what it holds, and still finds them gone."""
+        for name in streams:
+            kinds, certain = self._by_stream.pop(name, (set(), False))
+            if reset and SOURCE_LOST in kinds:
+                self._by_stream[name] = ({SOURCE_LOST}, certain)
+
+    def checkpoint_lost(self, stream: str) -> None:
+        """``stream``'s checkpoint is gone. A refusal the checkpoint was bound to meet (a copy put back
+        behind its table or its marker) may not come now, since the stream starts without it (an egress
+        as a new stream): it stays possible, no longer certain. A loss in Kafka is met all the same."""
+        kinds, certain = self._by_stream.pop(stream, (set(), False))
+        if kinds:
+            self._by_stream[stream] = (kinds, certain and SOURCE_LOST in kinds)
+
+
 @dataclass
 class NemesisReport:
     steps: list[Step] = field(default_factory=list)
@@ -439,8 +483,7 @@ class Nemesis:
         # The topics named in kafka.compacted_topics (a changelog by design), and every topic made compacted.
         self.compacted: list[str] = []
         self.compacted_once: list[str] = []
-        # The refusals a start of each stream may meet, and whether it must meet one.
-        self.expecting: dict[str, tuple[set[str], bool]] = {}
+        self.predictions = Predictions()
         self.commands = 0
         acts = {
             "produce": self.produce,
@@ -860,6 +903,7 @@ class Nemesis:
     def lose(self) -> str:
         stream = self.rng.choice(self.streams)
         self._delete(self.checkpoint(stream))
+        self.predictions.checkpoint_lost(stream)
         # Bronze and silver resume without one; gold's rows are sums, which it would count again; an egress
         # starts a new stream id, which publishes gold's current rows as a new changelog.
         if stream == "gold" and self._has_rows("gold"):
@@ -1177,29 +1221,20 @@ class Nemesis:
     # --- what the runner knows ----------------------------------------------------------------
 
     def expect(self, stream: str, kinds: set[str], certain: bool) -> None:
-        """A start of ``stream`` may now meet one of ``kinds`` (must meet one, when ``certain``), as well
-        as what it was predicted to meet before."""
-        before, was_certain = self.expecting.get(stream, (set(), False))
-        self.expecting[stream] = (before | kinds, was_certain or certain)
+        self.predictions.expect(stream, kinds, certain)
 
     def pending_refusals(self, stream: str | None = None) -> set[str]:
         """The refusals a start of ``stream`` (None: every stream) may meet."""
-        streams = self.streams if stream is None else (stream,)
-        return set().union(*(self.expecting.get(name, (set(), False))[0] for name in streams))
+        return self.predictions.pending(self.streams if stream is None else (stream,))
 
     def certain_refusal(self, stream: str | None = None) -> bool:
-        streams = self.streams if stream is None else (stream,)
-        return any(self.expecting.get(name, (set(), False))[1] for name in streams)
+        return self.predictions.certain(self.streams if stream is None else (stream,))
 
     def _refusals_cleared(self, stream: str | None = None, downstream: bool = False, reset: bool = False) -> None:
         """A stream ran (or was ``reset``): the refusals predicted for it, and with ``downstream`` for the
-        streams below it, are behind it. A reset leaves records Kafka lost to bronze lost: bronze
-        resumes after what it holds, and still finds them gone."""
+        streams below it, are behind it."""
         names = self.streams if stream is None else self._downstream(stream) if downstream else (stream,)
-        for name in names:
-            kinds, certain = self.expecting.pop(name, (set(), False))
-            if reset and SOURCE_LOST in kinds:
-                self.expecting[name] = ({SOURCE_LOST}, certain)
+        self.predictions.cleared(names, reset=reset)
 
     def _downstream(self, stream: str) -> tuple[str, ...]:
         """``stream`` and every stream that reads what it writes: a layer's are the layers above it and
