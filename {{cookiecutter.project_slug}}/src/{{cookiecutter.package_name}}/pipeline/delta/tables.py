@@ -201,6 +201,10 @@ class Lakehouse:
     def checkpoint(self, stream: str) -> str:
         return f"{self.root}/checkpoints/{stream}"
 
+    def sources(self) -> str:
+        """Where bronze keeps what it found of its Kafka sources that must outlive its table (kafka/identity.py)."""
+        return f"{self.root}/sources"
+
     def aside(self, name: str) -> str:
         """Where a reset builds table ``name`` before it replaces the table (recovery/rebuild.py)."""
         return f"{self.root}/rebuild/{name}"

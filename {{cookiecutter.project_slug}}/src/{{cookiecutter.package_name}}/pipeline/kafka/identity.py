@@ -20,7 +20,9 @@ incarnation is read from its first offset, and nothing of the old one is lost.
 A compacted topic is refused the same way, at every start and before every batch, unless
 ``kafka.compacted_topics`` names it: the log cleaner removes a record once a later one has its key,
 and Spark's source skips the gap, so what it removed before bronze read it would be lost without a
-trace. Every compacted topic found is recorded on bronze (``COMPACTED_PROPERTY``) for the audit.
+trace. Every compacted topic found is recorded for the audit, in a file of its own beside the tables
+(``compacted_record``): a bronze put back from an older copy, or restored to an older version, must not
+forget that the log cleaner may have removed records it holds.
 
 Another cluster is refused on every start, with a checkpoint or without one (a
 lost checkpoint would otherwise read the other cluster from its first offsets
@@ -33,10 +35,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from pyspark.sql import SparkSession
 
 from ..config import Config
+from ..delta.files import create_new, list_names
 from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
 from ..recovery import checkpoints
 from ..refusals import Refusal
@@ -45,8 +49,6 @@ from .clients import Sources, bootstrap_servers, compacted_topics, describe_sour
 log = logging.getLogger(__name__)
 
 PROPERTY = "lakehouse.bronze.sources"
-# The topics bronze found compacted (a JSON list), kept after a policy is set back.
-COMPACTED_PROPERTY = "lakehouse.bronze.compacted_topics"
 
 
 def recorded_sources(spark: SparkSession, lakehouse: Lakehouse) -> Sources | None:
@@ -103,15 +105,31 @@ def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
         set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
+def compacted_record(lakehouse: Lakehouse, topic: str = "") -> str:
+    """Where bronze records that it found ``topic`` compacted (the directory of those records, without one).
+
+    A file per topic, created once and never rewritten: two processes finding the same topic need no
+    read-modify-write, and the record lives outside bronze's table, which an operator may put back.
+
+    Example::
+
+        compacted_record(Lakehouse("/data/lake"), "customers")  # "/data/lake/sources/compacted/customers"
+    """
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    directory = f"{lakehouse.sources()}/compacted"
+    return f"{directory}/{topic}" if topic else directory
+
+
 def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
-    """The topics bronze has found compacted, at a start or before a batch (``COMPACTED_PROPERTY``).
+    """The topics bronze has found compacted, at a start or before a batch (``compacted_record``),
+    kept after a policy is set back and after bronze's table is put back.
 
     Example::
 
         recorded_compacted(spark, Lakehouse("/data/lake"))  # {"customers"}
     """
-    text = read_properties(spark, lakehouse.table(BRONZE)).get(COMPACTED_PROPERTY)
-    return set() if text is None else set(json.loads(text))
+    return set(list_names(spark, compacted_record(lakehouse)))
 
 
 class SourceGuard:
@@ -138,7 +156,7 @@ class SourceGuard:
             if found:
                 raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
         guard = cls(spark, config, lakehouse, recorded or Sources(None))
-        guard._check_compaction(list(current.topic_ids))
+        guard._check_compaction(current.topic_ids)
         guard._record(current)
         return guard
 
@@ -153,23 +171,22 @@ class SourceGuard:
         found = changes(self._sources, current)
         if found:
             raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found))
-        self._check_compaction(list(current.topic_ids))
+        self._check_compaction(current.topic_ids)
         if any(topic not in self._sources.topic_ids for topic in current.topic_ids):
             self._record(current)
         return current.topic_ids
 
-    def _check_compaction(self, topics: list[str]) -> None:
-        """Refuse (CheckpointError) a compacted topic among ``topics`` (existing ones) that
+    def _check_compaction(self, topic_ids: dict[str, str]) -> None:
+        """Refuse (CheckpointError) a compacted topic among ``topic_ids``'s (existing ones) that
         ``kafka.compacted_topics`` does not name: Spark's source skips what the log cleaner removed, so
         records would be lost before bronze read them without a trace. Every compacted topic found is
-        recorded on bronze first (``COMPACTED_PROPERTY``), named or not: records bronze holds that the
-        cleaner removed since are then no riddle to the audit, even after the policy is set back."""
-        compacted = compacted_topics(self._config, topics)
-        if compacted - self._compacted:
-            self._compacted |= compacted
-            set_properties(
-                self._spark, self._lakehouse.table(BRONZE), {COMPACTED_PROPERTY: json.dumps(sorted(self._compacted))}
-            )
+        recorded first (``compacted_record``), named or not: records bronze holds that the cleaner
+        removed since are then no riddle to the audit, even after the policy is set back."""
+        compacted = compacted_topics(self._config, list(topic_ids))
+        for topic in sorted(compacted - self._compacted):
+            found = {"topic_id": topic_ids[topic], "found_ms": int(time.time() * 1000)}
+            create_new(self._spark, compacted_record(self._lakehouse, topic), json.dumps(found))
+            self._compacted.add(topic)
         undeclared = sorted(compacted - set(self._config.kafka.compacted_topics))
         if undeclared:
             raise checkpoints.CheckpointError(
