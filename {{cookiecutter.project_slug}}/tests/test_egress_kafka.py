@@ -664,6 +664,51 @@ def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_any
         egress.close()
 
 
+def test_an_output_topic_created_again_is_refused_and_a_new_stream_publishes_gold_to_it_whole(
+    spark, config, kafka_bootstrap, tmp_path
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    egress = KafkaEgress(config, settings(config), sid)
+    try:
+        assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        published_to = egress._marker(30)
+        # The topic deleted and made again under its name: empty, with another id.
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        admin.delete_topics([out])[out].result(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            new = NewTopic(out, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+            try:
+                admin.create_topics([new])[out].result(timeout=30)
+                break
+            except KafkaException:  # the deletion is still under way
+                time.sleep(1)
+        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
+
+        # Kafka may drop the marker with the old topic (then: the marker lost); a marker that outlived it
+        # names the topic it was committed with. Either way nothing of batch 1 is published.
+        with pytest.raises(CheckpointError, match=f"reset {EGRESS}"):
+            egress.publish(change_feed(spark, gold, 2), batch_id=1)
+        recreated = rf"topic {out} has id .*, but stream {sid} published to the topic of"
+        with pytest.raises(CheckpointError, match=recreated):
+            egress.check_topic(published_to)
+        assert fold(kafka_bootstrap, out, "read_uncommitted")[0] == []
+    finally:
+        egress.close()
+
+    # The way out, a new stream id (what the reset starts), publishes gold's rows to the new topic whole.
+    fresh = KafkaEgress(config, settings(config), str(uuid.uuid4()))
+    try:
+        assert fresh.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+    finally:
+        fresh.close()
+    assert topic_rows(fold(kafka_bootstrap, out, "read_committed")[1]) == gold_rows(spark, gold)
+
+
 def test_partitions_added_to_the_output_topic_are_refused_until_a_new_topic_and_a_reset(
     spark, config, kafka_bootstrap, monkeypatch, capsys
 ):

@@ -355,6 +355,17 @@ class Refusal(Enum):
         way_out="{reset}: a new stream id publishes gold's current rows as a new changelog, with tombstones for "
         "rows gold no longer has, so consumers folding by key end at gold.",
     )
+    KAFKA_OUTPUT_TOPIC_RECREATED = Entry(
+        title="The Kafka egress's output topic created again",
+        egress="kafka_egress",
+        happened="the output topic was deleted and created again under the same name while the stream "
+        "published to it, and the stream's marker outlived it",
+        found="topic {topic} has id {now}, but stream {stream_id} published to the topic of id {recorded}: the "
+        "topic now lacks the batches published before, and publishing only the next changes would leave "
+        "consumers folding it to a state gold never had.",
+        way_out="{reset}: a new stream id publishes gold's current rows to the topic whole, so consumers "
+        "folding by key end at gold.",
+    )
     KAFKA_OUTPUT_PARTITIONS_CHANGED = Entry(
         title="The Kafka egress's output topic has another partition count",
         egress="kafka_egress",

@@ -12,7 +12,9 @@ The two-phase commit of the classic design, with Kafka as the transactional sink
 * the marker moves by one batch only: a batch finds it at the batch before (or at
   itself: a replay, nothing is published); missing after batch 0, or anywhere else,
   it was deleted or expired, or the output topic was recreated, and the batch is
-  refused rather than published on top of a changelog that lacks the batches before;
+  refused rather than published on top of a changelog that lacks the batches before. The
+  marker's metadata names the output topic's id and partition count too: a topic created again
+  under its name, or given more partitions, is refused before a batch is published to it;
 * after a crash: the transactional id is derived from the stream id, so the restarted
   producer fences the old one and Kafka aborts its open transaction; the marker says,
   from Kafka alone, whether the batch Spark replays was committed. If it was, nothing
@@ -44,7 +46,7 @@ from pyspark.sql import functions as F
 from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
-from ..kafka.clients import client_config
+from ..kafka.clients import client_config, describe_topic
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
@@ -198,32 +200,45 @@ class KafkaEgress:
         """
         return _batch_of(self._marker(timeout_s))
 
-    def check_partitions(self, marker: TopicPartition | None = None) -> int:
-        """The output topic's partition count; CheckpointError when it differs from the one the marker records.
+    def check_topic(self, marker: TopicPartition | None = None) -> tuple[str, int]:
+        """The output topic's (id, partition count); CheckpointError when either differs from what the
+        marker records of the topic the stream published to.
 
-        Kafka places a key by hashing it over the partitions: with more of them, a key's next change
-        lands in another partition than its earlier ones, and a consumer folding the topic by key
-        can no longer tell which value is the newest. ``marker`` is the marker just read (default:
-        read it). Markers written before the count was recorded are not checked.
+        A topic deleted and created again under the same name has another id and lacks the batches
+        published before: Kafka usually drops the marker with the old topic, but a marker that outlived
+        it would let the next batch publish changes only, onto an empty changelog. Kafka places a key by
+        hashing it over the partitions: with more of them, a key's next change lands in another
+        partition than its earlier ones, and a consumer folding the topic by key can no longer tell
+        which value is the newest. ``marker`` is the marker just read (default: read it). What a marker
+        written before it was recorded lacks is not checked.
         """
         marker = self._marker(KAFKA_TIMEOUT_S) if marker is None else marker
-        recorded = json.loads(marker.metadata or "{}").get("partitions")
-        now = self.partition_count()
-        if recorded is not None and recorded != now:
+        recorded = json.loads(marker.metadata or "{}")
+        described = describe_topic(self.config, self.settings.topic)
+        if described is None:
+            raise ConfigError(f"{SECTION}.topic: topic {self.settings.topic!r} does not exist")
+        topic_id, partitions = described
+        if recorded.get("topic_id") not in (None, topic_id):
             raise CheckpointError(
-                Refusal.KAFKA_OUTPUT_PARTITIONS_CHANGED.message(
-                    STREAM, topic=self.settings.topic, recorded=recorded, now=now, stream_id=self.stream_id
+                Refusal.KAFKA_OUTPUT_TOPIC_RECREATED.message(
+                    STREAM,
+                    topic=self.settings.topic,
+                    recorded=recorded["topic_id"],
+                    now=topic_id,
+                    stream_id=self.stream_id,
                 )
             )
-        return now
-
-    def partition_count(self) -> int:
-        """The output topic's partitions now, as the broker describes it."""
-        topics = self.producer.list_topics(self.settings.topic, timeout=KAFKA_TIMEOUT_S).topics
-        described = topics.get(self.settings.topic)
-        if described is None or described.error is not None:
-            raise ConfigError(f"{SECTION}.topic: topic {self.settings.topic!r} does not exist")
-        return len(described.partitions)
+        if recorded.get("partitions") not in (None, partitions):
+            raise CheckpointError(
+                Refusal.KAFKA_OUTPUT_PARTITIONS_CHANGED.message(
+                    STREAM,
+                    topic=self.settings.topic,
+                    recorded=recorded["partitions"],
+                    now=partitions,
+                    stream_id=self.stream_id,
+                )
+            )
+        return topic_id, partitions
 
     def _marker(self, timeout_s: float) -> TopicPartition:
         """The marker as the stream's consumer group has it committed. A retriable answer (the group's
@@ -263,7 +278,7 @@ class KafkaEgress:
         needed = batch_id - 1 if batch_id > 0 else None
         if committed != needed:
             raise CheckpointError(self.marker_refusal(committed, f"batch {batch_id} needs {_marker_text(needed)}"))
-        partitions = self.check_partitions(marker)
+        topic_id, partitions = self.check_topic(marker)
         records = changelog_records(latest_per_window(changes, self.contract), self.contract)
         if batch_id == 0:
             # A new stream id starts a new changelog from gold's current rows: rows an older
@@ -273,7 +288,7 @@ class KafkaEgress:
         records = records.persist()
         try:
             records.count()
-            published = self._transaction(records, batch_id, partitions)
+            published = self._transaction(records, batch_id, topic_id, partitions)
         finally:
             records.unpersist()
         report_egress_batch(STREAM, batch_id, EgressOutcome.COMMITTED, published, f"topic {self.settings.topic}")
@@ -290,7 +305,7 @@ class KafkaEgress:
             needed=needed,
         )
 
-    def _transaction(self, records: DataFrame, batch_id: int, partitions: int) -> int:
+    def _transaction(self, records: DataFrame, batch_id: int, topic_id: str, partitions: int) -> int:
         self.producer.poll(0)  # serves what the client reported since the last batch
         if self.connection_lost:
             # The caller checked the stream's lease just before: this process still owns the stream.
@@ -305,7 +320,9 @@ class KafkaEgress:
                 published += 1
             self.producer.flush(KAFKA_TIMEOUT_S)
             reach(STREAM, AFTER_PRE_COMMIT, batch_id)
-            metadata = json.dumps({"stream_id": self.stream_id, "batch_id": batch_id, "partitions": partitions})
+            metadata = json.dumps(
+                {"stream_id": self.stream_id, "batch_id": batch_id, "topic_id": topic_id, "partitions": partitions}
+            )
             self.producer.send_offsets_to_transaction(
                 [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
                 self.consumer.consumer_group_metadata(),
@@ -577,7 +594,7 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
             egress.marker_refusal(committed, f"checkpoint {lakehouse.checkpoint(STREAM)} has batch {done} committed")
         )
     try:
-        egress.check_partitions()
+        egress.check_topic()
     except CheckpointError:
         egress.close()
         raise

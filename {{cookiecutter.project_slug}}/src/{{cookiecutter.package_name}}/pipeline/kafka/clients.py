@@ -333,6 +333,25 @@ def describe_sources(config: Config, topics: list[str], cluster: bool = True) ->
     return Sources(cluster_id, topic_ids)
 
 
+def describe_topic(config: Config, topic: str) -> tuple[str, int] | None:
+    """(Kafka's id of ``topic``, its partition count); None when there is no such topic.
+
+    Example::
+
+        describe_topic(config, "gold-changes")  # ("Xh1...", 2)
+    """
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic must be a topic name, not {topic!r}")
+    future = _admin(config).describe_topics(TopicCollection([topic]), request_timeout=30)[topic]
+    try:
+        described = future.result()
+    except KafkaException as error:
+        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+    return str(described.topic_id), len(described.partitions)
+
+
 # One admin client per configuration: bronze asks for topic ids before every batch, and for
 # partitions and offsets at its start.
 _admins: dict[str, AdminClient] = {}
