@@ -39,6 +39,9 @@ class Sizes:
     recovery_in_process: bool = False
     timeout_s: float = 1800.0  # any single wait
     egress_rows: int = 200_000  # gold rows each egress and its baseline publish in one batch
+    # The peer (SDP, bench/peer.py): the catch-up both drain from empty storage, then an increment on that history.
+    peer_records: int = 1_000_000
+    peer_increment: int = 10_000
 
     def __post_init__(self) -> None:
         positive = (
@@ -61,6 +64,8 @@ class Sizes:
             "marker_every_s",
             "timeout_s",
             "egress_rows",
+            "peer_records",
+            "peer_increment",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -134,4 +139,6 @@ QUICK_SIZES = Sizes(
     kill_fraction=0.5,
     recovery_in_process=True,
     egress_rows=20_000,
+    peer_records=20_000,
+    peer_increment=2_000,
 )

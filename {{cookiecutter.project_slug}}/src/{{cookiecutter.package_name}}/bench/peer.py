@@ -1,0 +1,622 @@
+"""The peer: this project against the same pipeline in Spark Declarative Pipelines (SDP), on the same topic.
+
+A team building Kafka -> Delta medallion tables on open-source Spark has a built-in alternative, the
+`spark-pipelines` command of ``pyspark[pipelines]``. ``sdp_flows.py`` is the same pipeline written in it
+(bronze and silver streaming tables, gold a materialized view). Both systems drain the benchmark's
+topic from empty storage, taking turns (never at the same time), as a team would run them: the
+project's own `run --layer all --available-now` in a new process (``recovery.drain_process``), and
+`spark-pipelines run` in a new process (``SdpPeer.run``). Three workloads, one after the other on the
+same tables: the catch-up (the benchmark's backlog), an increment (``sizes.peer_increment`` more
+records on that history) and a one-record batch. After each, both golds must hold the same rows
+(``_same_gold``), or the phase fails: a faster wrong answer is no answer.
+
+Each process is observed through its log only, each line stamped when it appears. The project: the
+time to its first stream start (start-up) and each layer's span (``recovery.ChildLog``). SDP: the time
+to its first flow start, and each flow's span from its start to its end (``FlowLog``). SDP's gold is a
+materialized view, recomputed from all of silver at every run: it is truncated first and empty until
+rewritten, and how long is read from its Delta log (``gold_empty_seconds``).
+
+Getting SDP 4.2.0 to run Kafka -> Delta took these (each a fact of that version):
+
+* The CLI starts a local Spark Connect server in a second JVM and forwards its command-line ``--conf``
+  to it in groups of ten, of which pyspark 4.2.0 keeps only the last group. Static settings (the jars,
+  Delta's extension and catalog, the warehouse) therefore go in a ``spark-defaults.conf`` under a
+  ``SPARK_CONF_DIR`` of the peer's own (``write_spark_defaults``). ``spark.master`` must not be there:
+  it breaks the command (the server is local, on every core: ``local[*]``).
+* A static setting in the spec's ``configuration`` fails every flow with CANNOT_MODIFY_CONFIG: only
+  session settings go there (``pipeline_spec``).
+* The default in-memory catalog forgets the tables between runs, so a second run fails with
+  DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION: a Hive catalog on an embedded Derby database keeps them.
+* ``@dp.table(format="delta")`` fails re-runs with DELTA_CANNOT_CHANGE_PROVIDER:
+  ``spark.sql.sources.default=delta`` makes every table Delta instead.
+* A watermark or dedup on ``readStream.table("bronze")`` fails on a fresh pipeline with
+  TABLE_OR_VIEW_NOT_FOUND (SPARK-57489): the dedup is in the flow that reads Kafka.
+
+The peer lives with the benchmark, in the project's ``peer`` extra, which `make bench` installs;
+production code never imports it. Without the extra the phase is skipped, and its figures are
+not in the report (``sdp.installed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..pipeline.config import Config
+from ..pipeline.contract import EVENTS
+from ..pipeline.delta.tables import GOLD, LAYERS, Lakehouse
+from ..pipeline.kafka.clients import bootstrap_servers
+from . import sdp
+from .harness import Bench, say
+from .load import produce_backlog, produce_one_transaction
+from .recovery import drain_process
+from .report import Target
+
+FLOWS_FILE = Path(__file__).with_name("sdp_flows.py")
+SPEC_FILE = "pipeline.json"
+DEFAULTS_FILE = "spark-defaults.conf"
+# Settings a spark-defaults.conf of the peer must never hold: the command breaks with a master set there.
+FORBIDDEN_DEFAULTS = ("spark.master",)
+# "2026-05-09 07:31:02: Flow spark_catalog.default.bronze is RUNNING." (the CLI prints SDP's events so).
+FLOW_EVENT = re.compile(r"Flow [`'\"]?(?P<flow>[\w.`]+?)[`'\"]? (?:is|has) (?P<state>[A-Z_]+)")
+# A flow's states: queued and idle are before it starts; these end it.
+WAITING_STATES = frozenset({"QUEUED", "IDLE"})
+END_STATES = frozenset({"COMPLETED", "FAILED", "STOPPED", "SKIPPED", "EXCLUDED"})
+# Jars of the benchmark's session that the peer does not need (the S3 lakehouse's, the JDBC baseline's):
+# the project's drains do not load them either, and each jar is copied at every start.
+NOT_FOR_THE_PEER = ("hadoop-aws", "awssdk", "software.amazon", "wildfly", "reactive-streams", "postgresql")
+POLL_S = 0.05
+WORKLOADS = ("catch_up", "increment", "one_record")
+
+
+# --------------------------------------------------------------------------- the peer's files
+
+
+def spark_defaults(jars: list[str], home: Path | str) -> dict[str, str]:
+    """The static settings of the peer's Spark Connect server, for its ``spark-defaults.conf``.
+
+    Delta's extension and catalog, a Hive catalog on an embedded Derby database and a warehouse, both
+    under ``home`` (so a second run finds the tables of the first), Delta as the default format.
+
+    Example::
+
+        spark_defaults(["/root/.ivy2.5.2/jars/io.delta_delta-spark_4.2_2.13-4.4.0.jar"], "/tmp/peer")
+    """
+    if not isinstance(jars, list) or not jars or not all(isinstance(jar, str) and jar for jar in jars):
+        raise ValueError(f"jars must be a non-empty list of jar paths, not {jars!r}")
+    if not str(home):
+        raise ValueError("home must name a directory")
+    home = Path(home).absolute()
+    return {
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # The in-memory catalog forgets the tables between runs: the second run would fail.
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={home / 'metastore_db'};create=true"
+        ),
+        "spark.sql.warehouse.dir": str(home / "warehouse"),
+        # Not @dp.table(format="delta"): that fails every re-run with DELTA_CANNOT_CHANGE_PROVIDER.
+        "spark.sql.sources.default": "delta",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def write_spark_defaults(conf_dir: Path | str, settings: dict[str, str]) -> Path:
+    """``settings`` as ``conf_dir/spark-defaults.conf`` (one ``key value`` line each); returns its path.
+
+    Example::
+
+        write_spark_defaults(home / "conf", spark_defaults(jars, home))  # then SPARK_CONF_DIR=home/conf
+    """
+    if not isinstance(settings, dict) or not settings:
+        raise ValueError(f"settings must be a non-empty dict of Spark settings, not {settings!r}")
+    forbidden = [key for key in settings if key in FORBIDDEN_DEFAULTS]
+    if forbidden:
+        raise ValueError(f"{', '.join(forbidden)} breaks `spark-pipelines run` when set in spark-defaults.conf")
+    for key, value in settings.items():
+        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+            raise ValueError(f"a Spark setting's name has no spaces: {key!r}")
+        if not isinstance(value, str) or "\n" in value:
+            raise ValueError(f"setting {key}: the value must be a string on one line, not {value!r}")
+    path = Path(conf_dir) / DEFAULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{key} {value}\n" for key, value in settings.items()))
+    return path
+
+
+def pipeline_configuration(config: Config, dedup_watermark: str = "10 minutes") -> dict[str, str]:
+    """The spec's ``configuration``: what ``sdp_flows.py`` reads (``peer.*``) and session settings only.
+
+    Example::
+
+        pipeline_configuration(bench.phase_config(root, topic))["peer.topic"]  # the phase's topic
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a pipeline Config, not {type(config).__name__}")
+    if len(config.kafka.topics) != 1:
+        raise ValueError(f"the peer reads one topic, not {config.kafka.topics}")
+    return {
+        "peer.bootstrap_servers": bootstrap_servers(config),
+        "peer.topic": config.kafka.topics[0],
+        "peer.max_offsets_per_trigger": str(config.kafka.max_offsets_per_trigger or 0),
+        "peer.window": config.gold_window,
+        "peer.dedup_watermark": dedup_watermark,
+        # Session settings only: a static one here fails every flow with CANNOT_MODIFY_CONFIG.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+    }
+
+
+def pipeline_spec(name: str, storage: Path | str, libraries: list[str], configuration: dict[str, str]) -> dict:
+    """A `spark-pipelines` spec: ``libraries`` are paths relative to the spec's directory (the CLI globs there).
+
+    Example::
+
+        pipeline_spec("bench-peer", home / "storage", ["sdp_flows.py"], pipeline_configuration(config))
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("a pipeline needs a name")
+    if not str(storage):
+        raise ValueError("storage must name a directory")
+    if not libraries or not all(isinstance(library, str) and library for library in libraries):
+        raise ValueError(f"libraries must be a non-empty list of paths, not {libraries!r}")
+    absolute = [library for library in libraries if Path(library).is_absolute()]
+    if absolute:
+        # pathlib's glob, which the CLI uses, refuses an absolute pattern.
+        raise ValueError(f"libraries are relative to the spec's directory, not {absolute}")
+    if not all(isinstance(key, str) and isinstance(value, str) for key, value in configuration.items()):
+        raise ValueError("configuration maps strings to strings (the CLI refuses anything else)")
+    return {
+        "name": name,
+        # SDP refuses a storage root without a scheme (PIPELINE_STORAGE_ROOT_INVALID).
+        "storage": str(storage) if "://" in str(storage) else Path(storage).absolute().as_uri(),
+        "libraries": [{"glob": {"include": library}} for library in libraries],
+        "configuration": dict(configuration),
+    }
+
+
+def write_spec(path: Path | str, spec: dict) -> Path:
+    """``spec`` as JSON (which the CLI's YAML loader reads) at ``path``; returns the path."""
+    if not isinstance(spec, dict) or not {"name", "storage"} <= spec.keys():
+        raise ValueError(f"a pipeline spec needs a name and a storage, got {spec!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec, indent=2) + "\n")
+    return path
+
+
+def peer_jars(spark) -> list[str]:
+    """The jar files of Delta and the Kafka connector, as the benchmark's session resolved them.
+
+    The session's own list (spark-submit's, with the files its packages resolved to) less the jars of
+    what the peer never uses: the S3 lakehouse's and the JDBC baseline's (``NOT_FOR_THE_PEER``).
+
+    Example::
+
+        peer_jars(bench.spark)  # ["/root/.ivy2.5.2/jars/io.delta_delta-spark_4.2_2.13-4.4.0.jar", ...]
+    """
+    from ..pipeline.spark import JARS, java_class
+
+    package = Path(__file__).resolve().parents[1]
+    listed = java_class(spark, "java.lang.System").getProperty(JARS) or ""
+    listed += "," + (spark.sparkContext.getConf().get(JARS) or "")
+    jars: list[str] = []
+    for jar in filter(None, listed.split(",")):
+        path = urlparse(jar).path if jar.startswith("file:") else jar
+        name = Path(path).name
+        # The project's own jar (the S3 log store) is in its package: the peer writes nothing to S3.
+        if any(part in name for part in NOT_FOR_THE_PEER) or Path(path).resolve().is_relative_to(package):
+            continue
+        if Path(path).is_file() and path not in jars:
+            jars.append(path)
+    if not any("delta-spark" in Path(jar).name for jar in jars) or not any("sql-kafka" in jar for jar in jars):
+        raise RuntimeError(f"the benchmark's session holds no Delta or Kafka connector jar for the peer: {listed}")
+    return jars
+
+
+# --------------------------------------------------------------------------- the peer's log and tables
+
+
+class FlowLog:
+    """Follows `spark-pipelines run`'s output: every line, stamped with time.monotonic() when it appeared."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+        self.lines: list[tuple[float, str]] = []
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        now = time.monotonic()
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self.lines.extend((now, raw.decode(errors="replace")) for raw in lines)
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(line for _, line in self.lines[-lines:])
+
+
+def flow_name(name: str) -> str:
+    """A flow's short name: ``spark_catalog.default.bronze`` and ```bronze``` are ``bronze``."""
+    return name.replace("`", "").rpartition(".")[2]
+
+
+def flow_times(lines: list[tuple[float, str]], launched: float) -> dict:
+    """Each flow's states and span, from stamped log lines (``FlowLog.lines``) of a run launched at ``launched``.
+
+    ``flow_states``: every state each flow reported, in order; ``flow_spans``: [start, end] in seconds from
+    the launch, from its first state past QUEUED to its end state; ``flow_seconds``: their lengths;
+    ``startup_seconds``: launch to the first flow's start; ``end_seconds``: launch to the last flow's end.
+
+    Example::
+
+        flow_times([(10.5, "2026-05-09 07:31:02: Flow spark_catalog.default.bronze is RUNNING."), ...], 0.0)
+    """
+    if not isinstance(launched, (int, float)):
+        raise TypeError(f"launched must be a time.monotonic() value, not {launched!r}")
+    states: dict[str, list[str]] = {}
+    started: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    for at, line in lines:
+        match = FLOW_EVENT.search(line)
+        if not match:
+            continue
+        flow, state = flow_name(match["flow"]), match["state"]
+        states.setdefault(flow, []).append(state)
+        if state not in WAITING_STATES and state not in END_STATES:
+            started.setdefault(flow, at)
+        if state in END_STATES:
+            # A flow that ends without a start state in between (a fast one) started when it ended.
+            started.setdefault(flow, at)
+            ended[flow] = at
+    spans = {flow: [started[flow] - launched, ended.get(flow, started[flow]) - launched] for flow in started}
+    return {
+        "flow_states": states,
+        "flow_spans": spans,
+        "flow_seconds": {flow: end - start for flow, (start, end) in spans.items()},
+        "startup_seconds": min((start for start, _ in spans.values()), default=None),
+        "end_seconds": max((end for _, end in spans.values()), default=None),
+    }
+
+
+def delta_commits(table: Path | str) -> list[dict]:
+    """Every commit of the Delta table at ``table`` (a local path), in order: version, timestamp (ms),
+    operation, and the data files it added and removed."""
+    log_dir = Path(table) / "_delta_log"
+    commits = []
+    for path in sorted(log_dir.glob("*.json")):
+        if not path.stem.isdigit():
+            continue
+        commit = {"version": int(path.stem), "timestamp": None, "operation": None, "added": [], "removed": []}
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "commitInfo" in action:
+                commit["timestamp"] = action["commitInfo"].get("timestamp")
+                commit["operation"] = action["commitInfo"].get("operation")
+            elif "add" in action:
+                commit["added"].append(action["add"]["path"])
+            elif "remove" in action:
+                commit["removed"].append(action["remove"]["path"])
+        commits.append(commit)
+    return sorted(commits, key=lambda commit: commit["version"])
+
+
+def empty_spans(table: Path | str, after_version: int = -1) -> list[dict]:
+    """When the table was emptied and refilled: each commit after ``after_version`` that removed its last
+    file, the commit that next added one, and the seconds between their timestamps.
+
+    A table empty since its creation is not counted: only data taken away and put back. A span still
+    open at the table's last commit has no end and no seconds.
+
+    Example::
+
+        empty_spans(warehouse / "gold")  # [{"emptied": 3, "by": "TRUNCATE", "filled": 4, "seconds": 21.2}]
+    """
+    if not isinstance(after_version, int):
+        raise TypeError(f"after_version must be a table version, not {after_version!r}")
+    live: set[str] = set()
+    spans: list[dict] = []
+    open_span: dict | None = None
+    for commit in delta_commits(table):
+        had = bool(live)
+        live -= set(commit["removed"])
+        live |= set(commit["added"])
+        if had and not live and commit["version"] > after_version:
+            open_span = {"emptied": commit["version"], "by": commit["operation"], "at": commit["timestamp"]}
+        elif open_span is not None and live:
+            seconds = (commit["timestamp"] - open_span.pop("at")) / 1000
+            spans.append(
+                {**open_span, "filled": commit["version"], "by_filling": commit["operation"], "seconds": seconds}
+            )
+            open_span = None
+    if open_span is not None:
+        open_span.pop("at")
+        spans.append({**open_span, "filled": None, "by_filling": None, "seconds": None})
+    return spans
+
+
+def gold_empty_seconds(table: Path | str, after_version: int = -1) -> float:
+    """How long the table was empty after ``after_version``: the sum of its closed ``empty_spans`` (0 if none)."""
+    return sum(span["seconds"] for span in empty_spans(table, after_version) if span["seconds"] is not None)
+
+
+def table_version(table: Path | str) -> int:
+    """The table's newest version from its log, or -1 before its first commit."""
+    return max((commit["version"] for commit in delta_commits(table)), default=-1)
+
+
+# --------------------------------------------------------------------------- the peer
+
+
+class SdpPeer:
+    """The SDP pipeline of ``sdp_flows.py`` on one topic, its tables and checkpoints under ``home``.
+
+    Example::
+
+        peer = SdpPeer(work / "sdp", peer_jars(bench.spark), pipeline_configuration(config))
+        run = peer.run(timeout_s=1800)  # {"wall_s": ..., "startup_s": ..., "layer_seconds": {...}, ...}
+    """
+
+    def __init__(self, home: Path | str, jars: list[str], configuration: dict[str, str], name: str = "bench-peer"):
+        if not str(home):
+            raise ValueError("home must name a directory")
+        self.home = Path(home).absolute()
+        self.defaults = spark_defaults(jars, self.home)
+        self.spec = pipeline_spec(name, self.home / "storage", [FLOWS_FILE.name], configuration)
+        self.runs = 0
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.home / "conf"
+
+    @property
+    def spec_path(self) -> Path:
+        return self.home / SPEC_FILE
+
+    def table(self, name: str) -> Path:
+        """A table's directory: a managed table of the default database, in the warehouse."""
+        return Path(self.defaults["spark.sql.warehouse.dir"]) / name
+
+    def prepare(self) -> None:
+        """The conf directory, the spec and a copy of the flows beside it: the CLI globs from the spec's directory."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        write_spark_defaults(self.conf_dir, self.defaults)
+        write_spec(self.spec_path, self.spec)
+        shutil.copyfile(FLOWS_FILE, self.home / FLOWS_FILE.name)
+
+    def environment(self) -> dict[str, str]:
+        inherited = {key: value for key, value in os.environ.items() if key not in ("PYSPARK_SUBMIT_ARGS",)}
+        return {
+            **inherited,
+            "SPARK_CONF_DIR": str(self.conf_dir),
+            # The CLI runs the flows with PYSPARK_PYTHON (python3 on the PATH otherwise): this environment's,
+            # where the project is installed.
+            "PYSPARK_PYTHON": sys.executable,
+            # Its lines as they are printed, so each is stamped when it happened.
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def run(self, timeout_s: float) -> dict:
+        """One `spark-pipelines run` to its end; fails with the log's tail unless every flow completed."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not self.spec_path.is_file():
+            self.prepare()
+        self.runs += 1
+        gold_before = table_version(self.table(GOLD))
+        log_path = self.home / f"run-{self.runs}.log"
+        with log_path.open("wb") as log:
+            launched = time.monotonic()
+            # Derby writes derby.log into the working directory: the peer's home.
+            process = subprocess.Popen(
+                [str(sdp.command()), "run", "--spec", str(self.spec_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=self.home,
+                start_new_session=True,
+            )
+        flows = FlowLog(log_path)
+        try:
+            while process.poll() is None:
+                flows.poll()
+                if time.monotonic() > launched + timeout_s:
+                    raise RuntimeError(
+                        f"`spark-pipelines run` did not finish within {timeout_s:.0f} s:\n{flows.tail()}"
+                    )
+                time.sleep(POLL_S)
+            exited = time.monotonic()
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        flows.poll()
+        times = flow_times(flows.lines, launched)
+        final = {flow: states[-1] for flow, states in times["flow_states"].items()}
+        if process.returncode != 0 or set(final) != set(LAYERS) or set(final.values()) != {"COMPLETED"}:
+            raise RuntimeError(
+                f"`spark-pipelines run` failed (exit {process.returncode}, flows {final}); log {log_path}:\n"
+                f"{flows.tail()}"
+            )
+        return {
+            "wall_s": times["end_seconds"],
+            "exit_s": exited - launched,
+            "startup_s": times["startup_seconds"],
+            "layer_seconds": {layer: times["flow_seconds"][layer] for layer in LAYERS},
+            "flow_spans": times["flow_spans"],
+            "flow_states": times["flow_states"],
+            "gold_empty_s": gold_empty_seconds(self.table(GOLD), gold_before),
+            "gold_empty_spans": empty_spans(self.table(GOLD), gold_before),
+            "log": str(log_path),
+        }
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def project_run(drain: dict) -> dict:
+    """The figures of a project drain (``recovery.drain_process``) in the shape of ``SdpPeer.run``'s."""
+    return {
+        "wall_s": drain["start_s"] + drain["drain_s"],
+        "startup_s": drain["start_s"],
+        "layer_seconds": {layer: end - start for layer, (start, end) in drain["layer_spans"].items()},
+        "layer_spans": drain["layer_spans"],
+        "batches": drain.get("batches", {}),
+    }
+
+
+def _same_gold(bench: Bench, project_gold: str, peer_gold: str, workload: str) -> int:
+    """Both golds hold the same rows (the peer's cast to the project's types); returns their number.
+
+    Fails loudly otherwise, naming a few rows each holds alone: the ratios compare the same work only.
+    """
+    from pyspark.sql import functions as F
+
+    columns = [*EVENTS.gold_key, *EVENTS.gold_values]
+    project = bench.spark.read.format("delta").load(project_gold).select(*columns)
+    types = {field.name: field.dataType for field in project.schema.fields}
+    peer = bench.spark.read.format("delta").load(peer_gold).select(*[F.col(c).cast(types[c]).alias(c) for c in columns])
+    only_project = project.exceptAll(peer)
+    only_peer = peer.exceptAll(project)
+    missing, extra = only_project.count(), only_peer.count()
+    if missing or extra:
+        raise RuntimeError(
+            f"peer, {workload}: the two golds differ: {missing} rows only in the project's "
+            f"(e.g. {only_project.limit(3).collect()}), {extra} only in SDP's (e.g. {only_peer.limit(3).collect()})"
+        )
+    return project.count()
+
+
+def ratio(peer: float, project: float) -> float:
+    """SDP's time over the project's: above 1, the project is faster."""
+    return peer / project if project > 0 else float("inf")
+
+
+def measure(bench: Bench) -> None:
+    """The project and SDP on a topic of the phase's own, taking turns: catch-up, increment, one record.
+
+    Its own topic: the benchmark's is fed by the latency and fixed-overhead phases before this one.
+    """
+    absent = sdp.missing()
+    if absent:
+        say(f"peer: skipped, no `{sdp.EXTRA}` extra here (missing {', '.join(absent)}); `make bench` installs it")
+        return
+    sizes = bench.sizes
+    root = bench.work / "peer"
+    topic = bench.create_topic(f"bench-peer-{uuid.uuid4().hex[:8]}")
+    config = bench.phase_config(root / "project", topic)
+    say(f"peer: producing {sizes.peer_records:,} sample records in transactions")
+    produce_backlog(config, topic, sizes.peer_records, seed=29)
+    project_gold = Lakehouse(config.lakehouse_root).table(GOLD)
+    peer = SdpPeer(root / "sdp", peer_jars(bench.spark), pipeline_configuration(config))
+    peer.prepare()
+    records = {"catch_up": sizes.peer_records, "increment": sizes.peer_increment, "one_record": 1}
+    runs: dict[str, dict] = {}
+    for turn, workload in enumerate(WORKLOADS):
+        if workload == "increment":
+            produce_backlog(config, topic, sizes.peer_increment, seed=31)
+        elif workload == "one_record":
+            produce_one_transaction(config, topic, 1, seed=37)
+        # Each goes first in turn: neither always finds the other's pages in the cache.
+        order = ("project", "sdp") if turn % 2 == 0 else ("sdp", "project")
+        result: dict[str, dict] = {}
+        for system in order:
+            say(f"peer: {workload.replace('_', '-')} of {records[workload]:,} records, {system}")
+            if system == "project":
+                result[system] = project_run(drain_process(bench, config))
+            else:
+                result[system] = peer.run(sizes.timeout_s)
+        result["gold_rows"] = _same_gold(bench, project_gold, str(peer.table(GOLD)), workload)
+        result["first"] = order[0]
+        runs[workload] = result
+    _report(bench, runs, records)
+
+
+def _report(bench: Bench, runs: dict[str, dict], records: dict[str, int]) -> None:
+    catch_up, increment, one = runs["catch_up"], runs["increment"], runs["one_record"]
+    own, peer = catch_up["project"], catch_up["sdp"]
+    n = f"{records['catch_up']:,}"
+    bench.add("peer_project_startup_s", "peer: this project's start-up (catch-up)", own["startup_s"], "s")
+    bench.add("peer_sdp_startup_s", "peer: SDP's start-up (catch-up)", peer["startup_s"], "s")
+    bench.add(
+        "peer_startup_ratio",
+        "peer: SDP / this project, start-up",
+        ratio(peer["startup_s"], own["startup_s"]),
+        "ratio",
+        Target(">=", 1.0),
+    )
+    for layer in LAYERS:
+        bench.add(
+            f"peer_project_{layer}_s",
+            f"peer: catch-up of {n}, this project's {layer}",
+            own["layer_seconds"][layer],
+            "s",
+        )
+        bench.add(f"peer_sdp_{layer}_s", f"peer: catch-up of {n}, SDP's {layer}", peer["layer_seconds"][layer], "s")
+        bench.add(
+            f"peer_{layer}_ratio",
+            f"peer: SDP / this project, {layer} (catch-up)",
+            ratio(peer["layer_seconds"][layer], own["layer_seconds"][layer]),
+            "ratio",
+            Target(">=", 1.0),
+        )
+    bench.add("peer_project_total_s", f"peer: catch-up of {n}, this project in all", own["wall_s"], "s")
+    bench.add("peer_sdp_total_s", f"peer: catch-up of {n}, SDP in all", peer["wall_s"], "s")
+    bench.add(
+        "peer_total_ratio",
+        "peer: SDP / this project, in all (catch-up)",
+        ratio(peer["wall_s"], own["wall_s"]),
+        "ratio",
+        Target(">=", 1.2),
+    )
+    more = f"{records['increment']:,} more"
+    bench.add("peer_project_increment_s", f"peer: {more}, this project in all", increment["project"]["wall_s"], "s")
+    bench.add("peer_sdp_increment_s", f"peer: {more}, SDP in all", increment["sdp"]["wall_s"], "s")
+    bench.add(
+        "peer_increment_ratio",
+        f"peer: SDP / this project, {more} in all",
+        ratio(increment["sdp"]["wall_s"], increment["project"]["wall_s"]),
+        "ratio",
+    )
+    own_gold, peer_gold = increment["project"]["layer_seconds"]["gold"], increment["sdp"]["layer_seconds"]["gold"]
+    bench.add("peer_project_increment_gold_s", f"peer: {more}, this project's gold (incremental)", own_gold, "s")
+    bench.add("peer_sdp_increment_gold_s", f"peer: {more}, SDP's gold (full recompute)", peer_gold, "s")
+    bench.add(
+        "peer_increment_gold_ratio",
+        f"peer: SDP / this project, gold of {more}",
+        ratio(peer_gold, own_gold),
+        "ratio",
+        Target(">=", 1.0),
+    )
+    bench.add("peer_project_one_record_s", "peer: one record, this project in all", one["project"]["wall_s"], "s")
+    bench.add("peer_sdp_one_record_s", "peer: one record, SDP in all", one["sdp"]["wall_s"], "s")
+    bench.add(
+        "peer_one_record_ratio",
+        "peer: SDP / this project, one record in all",
+        ratio(one["sdp"]["wall_s"], one["project"]["wall_s"]),
+        "ratio",
+    )
+    # Its gold refreshes at every run with new data: the longest wait a reader of gold saw empty.
+    empty = max(runs[workload]["sdp"]["gold_empty_s"] for workload in ("increment", "one_record"))
+    bench.add("peer_sdp_gold_empty_s", "peer: SDP's gold empty during a refresh (longest)", empty, "s")
+    bench.details["peer"] = {"records": records, "runs": runs}
