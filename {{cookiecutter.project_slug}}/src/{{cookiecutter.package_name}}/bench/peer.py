@@ -74,6 +74,8 @@ END_STATES = frozenset({"COMPLETED", "FAILED", "STOPPED", "SKIPPED", "EXCLUDED"}
 # Jars of the benchmark's session that the peer does not need (the S3 lakehouse's, the JDBC baseline's):
 # the project's drains do not load them either, and each jar is copied at every start.
 NOT_FOR_THE_PEER = ("hadoop-aws", "awssdk", "software.amazon", "wildfly", "reactive-streams", "postgresql")
+# The peer's gold: its flow's name in sdp_flows.py, and its table's (the project's gold is GOLD).
+PEER_GOLD = "gold"
 POLL_S = 0.05
 WORKLOADS = ("catch_up", "increment", "one_record")
 
@@ -423,7 +425,7 @@ class SdpPeer:
         if not self.spec_path.is_file():
             self.prepare()
         self.runs += 1
-        gold_before = table_version(self.table(GOLD))
+        gold_before = table_version(self.table(PEER_GOLD))
         log_path = self.home / f"run-{self.runs}.log"
         with log_path.open("wb") as log:
             launched = time.monotonic()
@@ -465,8 +467,8 @@ class SdpPeer:
             "layer_seconds": {layer: times["flow_seconds"][layer] for layer in LAYERS},
             "flow_spans": times["flow_spans"],
             "flow_states": times["flow_states"],
-            "gold_empty_s": gold_empty_seconds(self.table(GOLD), gold_before),
-            "gold_empty_spans": empty_spans(self.table(GOLD), gold_before),
+            "gold_empty_s": gold_empty_seconds(self.table(PEER_GOLD), gold_before),
+            "gold_empty_spans": empty_spans(self.table(PEER_GOLD), gold_before),
             "log": str(log_path),
         }
 
@@ -546,7 +548,7 @@ def measure(bench: Bench) -> None:
                 result[system] = project_run(drain_process(bench, config))
             else:
                 result[system] = peer.run(sizes.timeout_s)
-        result["gold_rows"] = _same_gold(bench, project_gold, str(peer.table(GOLD)), workload)
+        result["gold_rows"] = _same_gold(bench, project_gold, str(peer.table(PEER_GOLD)), workload)
         result["first"] = order[0]
         runs[workload] = result
     _report(bench, runs, records)
