@@ -11,11 +11,35 @@ from pathlib import Path
 from ..pipeline.config import duration_seconds
 from ..pipeline.egress import installed_names
 from ..pipeline.spark import java_class
+from . import sdp
 
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
 
-# Every metric key bench.json holds, in table order (each egress's when this project has it).
+# The peer's figures (bench/peer.py), when its extra is installed: this project against SDP on the same topic.
+PEER_METRIC_KEYS = (
+    "peer_project_startup_s",
+    "peer_sdp_startup_s",
+    "peer_startup_ratio",
+    *(
+        f"peer_{system}_{layer}_s" if system else f"peer_{layer}_ratio"
+        for layer in ("bronze", "silver", "gold", "total")
+        for system in ("project", "sdp", "")
+    ),
+    "peer_project_increment_s",
+    "peer_sdp_increment_s",
+    "peer_increment_ratio",
+    "peer_project_increment_gold_s",
+    "peer_sdp_increment_gold_s",
+    "peer_increment_gold_ratio",
+    "peer_project_one_record_s",
+    "peer_sdp_one_record_s",
+    "peer_one_record_ratio",
+    "peer_sdp_gold_empty_s",
+)
+
+# Every metric key bench.json holds, in table order (each egress's when this project has it, the peer's
+# when its extra is installed).
 METRIC_KEYS = (
     "kafka_consumer_rps",
     "spark_source_rps",
@@ -95,6 +119,7 @@ METRIC_KEYS = (
             "batch_cost",
         )
     ),
+    *(PEER_METRIC_KEYS if sdp.installed() else ()),
 )
 
 # The targets table, in the order of the targets; a targeted key not listed comes after them.
@@ -110,6 +135,12 @@ TARGET_ORDER = (
     "silver_skewed_merge_scaling",
     "gold_merge_scaling",
     "silver_merge_scaling",
+    "peer_bronze_ratio",
+    "peer_silver_ratio",
+    "peer_gold_ratio",
+    "peer_total_ratio",
+    "peer_increment_gold_ratio",
+    "peer_startup_ratio",
 )
 
 

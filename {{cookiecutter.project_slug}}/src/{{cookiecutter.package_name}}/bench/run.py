@@ -3,7 +3,9 @@
 Order matters: throughput drains the backlog into the exactly-once lakehouse that the
 exactly-once comparison reuses and that fixed overhead and latency then keep feeding.
 Silver and gold scaling, the fixed-overhead floors and storage (local disk against the
-private S3 server) build tables and topics of their own.
+private S3 server) build tables and topics of their own. The peer (this project against Spark
+Declarative Pipelines, on a topic of its own) runs last: its processes, each with JVMs of its own,
+and their caches weigh on no figure after it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from . import (
     fixed_overhead,
     gold_scaling,
     latency,
+    peer,
     recovery,
     silver_scaling,
     storage,
@@ -100,6 +103,7 @@ def run_bench(
         fixed_overhead.measure(bench, topic)
         storage.measure(bench)
         latency.measure(bench, topic)
+        peer.measure(bench)
         machine["load_average_end"] = load_average()
     finally:
         bench.stop(keep)
