@@ -9,11 +9,23 @@ import dataclasses
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pyspark
 import pytest
 
-from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench
+from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench, sdp
+from {{ cookiecutter.package_name }}.bench.peer import (
+    FLOWS_FILE,
+    empty_spans,
+    flow_times,
+    gold_empty_seconds,
+    pipeline_configuration,
+    pipeline_spec,
+    spark_defaults,
+    write_spark_defaults,
+    write_spec,
+)
 from {{ cookiecutter.package_name }}.bench.recovery import ChildLog, kill_point
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
@@ -44,6 +56,8 @@ TINY = dataclasses.replace(
     latency_fast_trigger="1 second",
     marker_every_s=0.5,
     timeout_s=600.0,
+    peer_records=2_000,
+    peer_increment=500,
 )
 
 
@@ -73,8 +87,9 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         else:
             assert metric["met"] in (True, False), key
     targets = {key for key, metric in metrics.items() if metric["target"] is not None}
-    # Every target of the issue's table, and the first silver scaling target.
-    assert targets == {
+    # The peer's, when its extra is installed (`make bench` installs it; the suite's install may not).
+    peer_targets = {f"peer_{name}_ratio" for name in ("startup", "bronze", "silver", "gold", "total", "increment_gold")}
+    assert targets - peer_targets == {
         "bronze_vs_source",
         "bronze_vs_delta_sink",
         "bronze_vs_floor",
@@ -87,6 +102,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "silver_skewed_merge_scaling",
         "gold_merge_scaling",
     }
+    assert targets & peer_targets == (peer_targets if sdp.installed() else set())
 
     details = written["details"]
     recovery = details["recovery"]
@@ -130,6 +146,12 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     assert all(len(batch_ms) == TINY.overhead_repeats for batch_ms in egress["one_row_batch_ms"].values())
     assert details["latency_fast"]["trigger"] == TINY.latency_fast_trigger
     assert details["latency_fast"]["markers"] >= 2
+    if sdp.installed():
+        # Both golds were compared after every workload (the phase fails when they differ).
+        runs = details["peer"]["runs"]
+        assert set(runs) == {"catch_up", "increment", "one_record"}
+        assert all(run["gold_rows"] > 0 for run in runs.values())
+        assert all(run["sdp"]["layer_seconds"].keys() == {"bronze", "silver", "gold"} for run in runs.values())
 
     plot = output / PLOT_FILE
     if importlib.util.find_spec("matplotlib") is not None:
@@ -170,3 +192,124 @@ def test_sizes_are_checked():
         dataclasses.replace(QUICK_SIZES, kill_fraction=1.5)
     with pytest.raises(ValueError, match="records"):
         dataclasses.replace(QUICK_SIZES, records=0)
+
+
+# --------------------------------------------------------------------------- the peer (no JVM)
+
+JARS = ["/ivy/jars/io.delta_delta-spark_4.2_2.13-4.4.0.jar", "/ivy/jars/spark-sql-kafka-0-10_2.13-4.2.0.jar"]
+
+
+def test_peer_spark_defaults_hold_the_static_settings_and_no_master(tmp_path):
+    path = write_spark_defaults(tmp_path / "conf", spark_defaults(JARS, tmp_path))
+
+    lines = dict(line.split(" ", 1) for line in path.read_text().splitlines())
+    assert path == tmp_path / "conf" / "spark-defaults.conf"
+    assert "spark.master" not in lines
+    assert lines["spark.jars"] == ",".join(JARS)
+    assert lines["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert lines["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert lines["spark.sql.catalogImplementation"] == "hive"
+    assert lines["spark.sql.sources.default"] == "delta"
+    assert lines["spark.sql.warehouse.dir"] == str(tmp_path / "warehouse")
+    assert lines["spark.hadoop.javax.jdo.option.ConnectionURL"] == (
+        f"jdbc:derby:;databaseName={tmp_path / 'metastore_db'};create=true"
+    )
+
+
+def test_peer_spark_defaults_refuse_a_master_and_what_the_file_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="spark.master"):
+        write_spark_defaults(tmp_path, {**spark_defaults(JARS, tmp_path), "spark.master": "local[2]"})
+    with pytest.raises(ValueError, match="one line"):
+        write_spark_defaults(tmp_path, {"spark.app.name": "two\nlines"})
+    with pytest.raises(ValueError, match="jars"):
+        spark_defaults([], tmp_path)
+
+
+def test_peer_spec_names_the_flows_beside_it_and_only_session_settings(tmp_path):
+    config = load_config("local", environ={"KAFKA_BOOTSTRAP_SERVERS": "broker:9092", "KAFKA_TOPICS": "bench-peer"})
+    configuration = pipeline_configuration(config)
+    spec = pipeline_spec("bench-peer", tmp_path / "storage", [FLOWS_FILE.name], configuration)
+    written = json.loads(write_spec(tmp_path / "pipeline.json", spec).read_text())
+
+    assert written == spec
+    assert written["storage"] == (tmp_path / "storage").as_uri()  # SDP wants a scheme
+    assert written["libraries"] == [{"glob": {"include": "sdp_flows.py"}}]
+    assert configuration["peer.topic"] == "bench-peer"
+    assert configuration["peer.bootstrap_servers"] == "broker:9092"
+    assert configuration["peer.window"] == config.gold_window
+    assert configuration["spark.sql.session.timeZone"] == "UTC"
+    # A static setting there fails every flow with CANNOT_MODIFY_CONFIG.
+    assert not {"spark.jars", "spark.sql.extensions", "spark.sql.warehouse.dir"} & configuration.keys()
+    with pytest.raises(ValueError, match="relative"):
+        pipeline_spec("bench-peer", tmp_path, [str(FLOWS_FILE)], configuration)
+
+
+def test_peer_flow_times_come_from_the_lines_as_they_appeared():
+    lines = [
+        (100.0, "2026-05-09 07:31:00: Starting run..."),
+        (112.0, "2026-05-09 07:31:12: Flow spark_catalog.default.bronze is QUEUED."),
+        (112.0, "2026-05-09 07:31:12: Flow spark_catalog.default.silver is QUEUED."),
+        (112.5, "2026-05-09 07:31:12: Flow spark_catalog.default.bronze is STARTING."),
+        (113.0, "2026-05-09 07:31:13: Flow spark_catalog.default.bronze is RUNNING."),
+        (120.0, "2026-05-09 07:31:20: Flow spark_catalog.default.bronze has COMPLETED."),
+        (120.5, "2026-05-09 07:31:20: Flow spark_catalog.default.silver is STARTING."),
+        (126.0, "2026-05-09 07:31:26: Flow spark_catalog.default.silver has COMPLETED."),
+        (126.2, "2026-05-09 07:31:26: Flow spark_catalog.default.gold is PLANNING."),
+        (129.0, "2026-05-09 07:31:29: Flow spark_catalog.default.gold has COMPLETED."),
+        (129.5, "2026-05-09 07:31:29: Run is COMPLETED."),
+    ]
+
+    times = flow_times(lines, launched=100.0)
+
+    assert times["flow_states"]["bronze"] == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
+    assert times["flow_spans"] == {
+        "bronze": [12.5, 20.0],
+        "silver": [20.5, 26.0],
+        "gold": [pytest.approx(26.2), 29.0],
+    }
+    assert times["flow_seconds"]["gold"] == pytest.approx(2.8)
+    assert times["startup_seconds"] == 12.5
+    assert times["end_seconds"] == 29.0
+
+
+def write_delta_log(table: Path, commits: list[tuple[int, str, list[str], list[str]]]) -> None:
+    """A hand-written _delta_log: (timestamp ms, operation, files added, files removed) per version."""
+    log = table / "_delta_log"
+    log.mkdir(parents=True)
+    for version, (timestamp, operation, added, removed) in enumerate(commits):
+        actions = [{"commitInfo": {"timestamp": timestamp, "operation": operation}}]
+        actions += [{"add": {"path": path, "dataChange": True}} for path in added]
+        actions += [{"remove": {"path": path, "dataChange": True}} for path in removed]
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(action) for action in actions) + "\n")
+
+
+def test_peer_gold_empty_seconds_run_from_the_commit_that_emptied_it_to_the_one_that_filled_it(tmp_path):
+    gold = tmp_path / "gold"
+    write_delta_log(
+        gold,
+        [
+            (1_000, "CREATE TABLE", [], []),  # empty from its creation: not counted
+            (5_000, "WRITE", ["a.parquet", "b.parquet"], []),
+            (9_000, "TRUNCATE", [], ["a.parquet", "b.parquet"]),
+            (30_500, "WRITE", ["c.parquet"], []),
+            (40_000, "TRUNCATE", [], ["c.parquet"]),
+            (41_250, "WRITE", ["d.parquet"], []),
+        ],
+    )
+
+    spans = empty_spans(gold)
+
+    assert [(span["emptied"], span["by"], span["filled"], span["seconds"]) for span in spans] == [
+        (2, "TRUNCATE", 3, 21.5),
+        (4, "TRUNCATE", 5, 1.25),
+    ]
+    assert gold_empty_seconds(gold) == pytest.approx(22.75)
+    assert gold_empty_seconds(gold, after_version=3) == pytest.approx(1.25)  # the last run's only
+
+
+def test_peer_gold_still_empty_at_its_last_commit_has_an_open_span(tmp_path):
+    gold = tmp_path / "gold"
+    write_delta_log(gold, [(1_000, "WRITE", ["a.parquet"], []), (2_000, "TRUNCATE", [], ["a.parquet"])])
+
+    assert empty_spans(gold) == [{"emptied": 1, "by": "TRUNCATE", "filled": None, "by_filling": None, "seconds": None}]
+    assert gold_empty_seconds(gold) == 0
