@@ -32,6 +32,12 @@ Getting SDP 4.2.0 to run Kafka -> Delta took these (each a fact of that version)
 * A watermark or dedup on ``readStream.table("bronze")`` fails on a fresh pipeline with
   TABLE_OR_VIEW_NOT_FOUND (SPARK-57489): the dedup is in the flow that reads Kafka.
 
+Open (seen in the one small end-to-end check, 3,000 records, on a loaded machine): on a pipeline's
+first run SDP starts silver when bronze has completed, but on later runs it started bronze and
+silver together, and silver's availableNow run ended at the bronze version it found at its start.
+A one-record run then left the record in bronze only, its gold one event short of the project's,
+and ``_same_gold`` failed the phase. The increment (500 records) happened to come out equal.
+
 The peer lives with the benchmark, in the project's ``peer`` extra, which `make bench` installs;
 production code never imports it. Without the extra the phase is skipped, and its figures are
 not in the report (``sdp.installed``).
@@ -543,7 +549,10 @@ def measure(bench: Bench) -> None:
         order = ("project", "sdp") if turn % 2 == 0 else ("sdp", "project")
         result: dict[str, dict] = {}
         for system in order:
-            say(f"peer: {workload.replace('_', '-')} of {records[workload]:,} records, {system}")
+            what = (
+                "one record" if workload == "one_record" else f"{workload.replace('_', '-')} of {records[workload]:,}"
+            )
+            say(f"peer: {what}, {system}")
             if system == "project":
                 result[system] = project_run(drain_process(bench, config))
             else:
