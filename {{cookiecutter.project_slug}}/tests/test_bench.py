@@ -17,12 +17,15 @@ import pytest
 from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench, sdp
 from {{ cookiecutter.package_name }}.bench.peer import (
     FLOWS_FILE,
+    combine_runs,
     empty_spans,
     flow_times,
     gold_empty_seconds,
     pipeline_configuration,
     pipeline_spec,
+    read_through,
     spark_defaults,
+    unread,
     write_spark_defaults,
     write_spec,
 )
@@ -152,6 +155,9 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         assert set(runs) == {"catch_up", "increment", "one_record"}
         assert all(run["gold_rows"] > 0 for run in runs.values())
         assert all(run["sdp"]["layer_seconds"].keys() == {"bronze", "silver", "gold"} for run in runs.values())
+        # SDP ran again while silver had not read all of bronze (SdpPeer.drain), at most three times.
+        assert all(1 <= run["sdp"]["runs"] <= 3 for run in runs.values())
+        assert all(not run["sdp"]["each_run"][-1]["silver_unread"] for run in runs.values())
 
     plot = output / PLOT_FILE
     if importlib.util.find_spec("matplotlib") is not None:
@@ -313,3 +319,120 @@ def test_peer_gold_still_empty_at_its_last_commit_has_an_open_span(tmp_path):
 
     assert empty_spans(gold) == [{"emptied": 1, "by": "TRUNCATE", "filled": None, "by_filling": None, "seconds": None}]
     assert gold_empty_seconds(gold) == 0
+
+
+BRONZE_ID = "f85ba97b-9b12-449e-b94f-6a9e90872ca2"
+
+
+def write_bronze_log(table: Path, commits: list[tuple[str, int | None, int, bool]]) -> None:
+    """A hand-written _delta_log of bronze: (operation, rows written, files added, as new data) per version."""
+    log = table / "_delta_log"
+    log.mkdir(parents=True)
+    for version, (operation, rows, files, data_change) in enumerate(commits):
+        info = {"timestamp": 1_000 * version, "operation": operation}
+        if rows is not None:
+            info["operationMetrics"] = {"numOutputRows": str(rows)}
+        actions = [{"commitInfo": info}]
+        if version == 0:
+            actions.append({"metaData": {"id": BRONZE_ID}})
+        actions += [{"add": {"path": f"v{version}-{n}.parquet", "dataChange": data_change}} for n in range(files)]
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(action) for action in actions) + "\n")
+
+
+def write_checkpoint(checkpoint: Path, offsets: list[tuple[int, int]], committed: int, table_id: str = BRONZE_ID):
+    """A streaming checkpoint reading one Delta table: an offset (version, index) per batch, the first
+    ``committed`` of them written (a commit file each)."""
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    for batch, (version, index) in enumerate(offsets):
+        source = {"sourceVersion": 1, "reservoirId": table_id, "reservoirVersion": version, "index": index}
+        source["isStartingVersion"] = False
+        lines = ["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps(source)]
+        (checkpoint / "offsets" / str(batch)).write_text("\n".join(lines) + "\n")
+        if batch < committed:
+            (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+# The one-record workload as SDP 4.2.0 left it: its bronze wrote version 6 after silver had read through 5.
+RERUN = [
+    ("CREATE TABLE", None, 0, True),
+    ("STREAMING UPDATE", 998, 2, True),
+    ("STREAMING UPDATE", 7, 1, True),
+    ("SET TBLPROPERTIES", None, 0, True),
+    ("STREAMING UPDATE", 500, 1, True),
+    ("SET TBLPROPERTIES", None, 0, True),
+    ("STREAMING UPDATE", 1, 1, True),
+]
+
+
+def test_peer_silver_is_behind_by_the_bronze_commits_with_data_past_its_last_committed_offset(tmp_path):
+    write_bronze_log(tmp_path / "bronze", RERUN)
+    # Batch 2, planned up to version 6 but never committed, read nothing.
+    write_checkpoint(tmp_path / "silver", [(3, -1), (6, -1), (7, -1)], committed=2)
+
+    assert unread(tmp_path / "bronze", tmp_path / "silver") == [{"version": 6, "rows": 1, "files": 1}]
+
+
+def test_peer_silver_is_caught_up_past_commits_without_new_data(tmp_path):
+    # After bronze's last data: a table property, an empty streaming batch, a compaction (no new data).
+    commits = [*RERUN, ("STREAMING UPDATE", 0, 0, True), ("OPTIMIZE", None, 1, False)]
+    write_bronze_log(tmp_path / "bronze", commits)
+    write_checkpoint(tmp_path / "silver", [(3, -1), (7, -1)], committed=2)
+
+    assert unread(tmp_path / "bronze", tmp_path / "silver") == []
+
+
+def test_peer_silver_before_its_first_batch_has_read_nothing(tmp_path):
+    write_bronze_log(tmp_path / "bronze", RERUN[:3])
+    write_checkpoint(tmp_path / "silver", [(3, -1)], committed=0)
+
+    assert [commit["version"] for commit in unread(tmp_path / "bronze", tmp_path / "silver")] == [1, 2]
+
+
+def test_peer_silver_reading_another_table_is_refused(tmp_path):
+    write_bronze_log(tmp_path / "bronze", RERUN)
+    write_checkpoint(tmp_path / "silver", [(7, -1)], committed=1, table_id="another-table")
+
+    with pytest.raises(ValueError, match="another-table"):
+        unread(tmp_path / "bronze", tmp_path / "silver")
+
+
+def test_peer_a_version_part_read_counts_as_unread():
+    assert read_through(None) == -1
+    assert read_through({"reservoirVersion": 9, "index": -1, "isStartingVersion": False}) == 8
+    # Inside version 9 (a commit split across batches): 9 may hold more, so it is not counted as read.
+    assert read_through({"reservoirVersion": 9, "index": 3, "isStartingVersion": False}) == 8
+    # Inside the table's first snapshot: nothing is known to be read.
+    assert read_through({"reservoirVersion": 9, "index": 3, "isStartingVersion": True}) == -1
+    with pytest.raises(ValueError):
+        read_through({"index": -1})
+
+
+def test_peer_runs_of_one_workload_are_timed_from_the_first_launch_to_the_last_gold():
+    def run(launched, wall, exit_, startup, layers, empty):
+        return {
+            "launched": launched,
+            "wall_s": wall,
+            "exit_s": exit_,
+            "startup_s": startup,
+            "layer_seconds": dict(zip(("bronze", "silver", "gold"), layers, strict=True)),
+            "gold_empty_s": empty,
+            "log": f"run-{launched}.log",
+        }
+
+    first = run(100.0, 40.0, 44.0, 30.0, (5.0, 4.0, 3.0), 2.5)
+    second = run(144.5, 38.0, 41.0, 29.0, (1.0, 2.0, 3.0), 3.0)
+
+    both = combine_runs([first, second])
+
+    # The first run's exit and the check before the second are SDP's time too.
+    assert both["wall_s"] == pytest.approx(82.5)
+    assert both["exit_s"] == pytest.approx(85.5)
+    assert both["startup_s"] == 30.0
+    assert both["layer_seconds"] == {"bronze": 6.0, "silver": 6.0, "gold": 6.0}
+    assert both["gold_empty_s"] == 3.0
+    assert both["runs"] == 2
+    assert [each["log"] for each in both["each_run"]] == ["run-100.0.log", "run-144.5.log"]
+    assert combine_runs([first])["wall_s"] == 40.0
+    with pytest.raises(ValueError):
+        combine_runs([])

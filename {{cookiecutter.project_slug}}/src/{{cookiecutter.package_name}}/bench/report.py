@@ -36,6 +36,9 @@ PEER_METRIC_KEYS = (
     "peer_sdp_one_record_s",
     "peer_one_record_ratio",
     "peer_sdp_gold_empty_s",
+    "peer_sdp_catch_up_runs",
+    "peer_sdp_increment_runs",
+    "peer_sdp_one_record_runs",
 )
 
 # Every metric key bench.json holds, in table order (each egress's when this project has it, the peer's
