@@ -40,7 +40,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import EgressError, KafkaEgress, KafkaEgressSettings, settings
-from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, describe_topic
 from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
@@ -677,6 +677,7 @@ def test_an_output_topic_created_again_is_refused_and_a_new_stream_publishes_gol
         assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
         published_to = egress._marker(30)
         # The topic deleted and made again under its name: empty, with another id.
+        old_id = describe_topic(config, out)[0]
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.delete_topics([out])[out].result(timeout=30)
         deadline = time.monotonic() + 60
@@ -687,6 +688,10 @@ def test_an_output_topic_created_again_is_refused_and_a_new_stream_publishes_gol
                 break
             except KafkaException:  # the deletion is still under way
                 time.sleep(1)
+        # Created is not yet described everywhere: wait until the broker answers with the new id.
+        while (described := describe_topic(config, out)) is None or described[0] == old_id:
+            assert time.monotonic() < deadline, f"{out} was not described as a new topic within 60 s"
+            time.sleep(0.5)
         DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
 
         # Kafka may drop the marker with the old topic (then: the marker lost); a marker that outlived it
