@@ -21,7 +21,7 @@ A compacted topic is refused the same way, at every start and before every batch
 ``kafka.compacted_topics`` names it: the log cleaner removes a record once a later one has its key,
 and Spark's source skips the gap, so what it removed before bronze read it would be lost without a
 trace. Every compacted topic found is recorded for the audit, in a file of its own beside the tables
-(``compacted_record``): a bronze put back from an older copy, or restored to an older version, must not
+(``compacted_records``): a bronze put back from an older copy, or restored to an older version, must not
 forget that the log cleaner may have removed records it holds.
 
 Another cluster is refused on every start, with a checkpoint or without one (a
@@ -105,31 +105,28 @@ def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
         set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
-def compacted_record(lakehouse: Lakehouse, topic: str = "") -> str:
-    """Where bronze records that it found ``topic`` compacted (the directory of those records, without one).
+def compacted_records(lakehouse: Lakehouse) -> str:
+    """The directory where bronze records each topic it found compacted, a file named after the topic.
 
     A file per topic, created once and never rewritten: two processes finding the same topic need no
     read-modify-write, and the record lives outside bronze's table, which an operator may put back.
 
     Example::
 
-        compacted_record(Lakehouse("/data/lake"), "customers")  # "/data/lake/sources/compacted/customers"
+        compacted_records(Lakehouse("/data/lake"))  # "/data/lake/sources/compacted"
     """
-    if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-    directory = f"{lakehouse.sources()}/compacted"
-    return f"{directory}/{topic}" if topic else directory
+    return f"{lakehouse.sources()}/compacted"
 
 
 def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
-    """The topics bronze has found compacted, at a start or before a batch (``compacted_record``),
+    """The topics bronze has found compacted, at a start or before a batch (``compacted_records``),
     kept after a policy is set back and after bronze's table is put back.
 
     Example::
 
         recorded_compacted(spark, Lakehouse("/data/lake"))  # {"customers"}
     """
-    return set(list_names(spark, compacted_record(lakehouse)))
+    return set(list_names(spark, compacted_records(lakehouse)))
 
 
 class SourceGuard:
@@ -180,12 +177,12 @@ class SourceGuard:
         """Refuse (CheckpointError) a compacted topic among ``topic_ids``'s (existing ones) that
         ``kafka.compacted_topics`` does not name: Spark's source skips what the log cleaner removed, so
         records would be lost before bronze read them without a trace. Every compacted topic found is
-        recorded first (``compacted_record``), named or not: records bronze holds that the cleaner
+        recorded first (``compacted_records``), named or not: records bronze holds that the cleaner
         removed since are then no riddle to the audit, even after the policy is set back."""
         compacted = compacted_topics(self._config, list(topic_ids))
         for topic in sorted(compacted - self._compacted):
             found = {"topic_id": topic_ids[topic], "found_ms": int(time.time() * 1000)}
-            create_new(self._spark, compacted_record(self._lakehouse, topic), json.dumps(found))
+            create_new(self._spark, f"{compacted_records(self._lakehouse)}/{topic}", json.dumps(found))
             self._compacted.add(topic)
         undeclared = sorted(compacted - set(self._config.kafka.compacted_topics))
         if undeclared:
