@@ -45,6 +45,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     ensure_tables,
     set_properties,
 )
+from {{ cookiecutter.package_name }}.pipeline.kafka import retention
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, topic_partitions
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_compacted, recorded_sources
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import needed_offsets
@@ -749,6 +750,31 @@ def test_only_real_offsets_are_needed_earliest_and_latest_name_none():
         ("events", 0): 120,
         ("events", 2): 0,
     }
+
+
+def test_records_accepted_as_lost_stay_recorded_when_bronze_is_put_back_and_count_each_offset_once(spark, config):
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
+    topic = config.kafka.topics[0]
+    first = retention.Gap(topic, "Id1", 0, 100, 150)
+    assert retention.record(spark, lakehouse, [first], retention.ACCEPTED_BY_COMMAND) == [first]
+    # Another process found the same partition's gap later, when Kafka had deleted more: only the rest is new.
+    later = retention.Gap(topic, "Id1", 0, 120, 180)
+    other = retention.Gap(topic, "Id1", 1, 0, 5)
+    new = retention.record(spark, lakehouse, [later, other], retention.ACCEPTED_BY_SETTING)
+    assert new == [retention.Gap(topic, "Id1", 0, 150, 180), other]
+    assert retention.record(spark, lakehouse, [first, later, other], retention.ACCEPTED_BY_COMMAND) == []
+    # Bronze put back to its first version (a restore from an older copy does the same): bronze would be
+    # refused again for a gap already accepted, and the audit would report fewer offsets than Kafka deleted.
+    set_properties(spark, lakehouse.table(BRONZE), {"lakehouse.test.touched": "1"})
+    spark.sql(f"RESTORE TABLE delta.`{lakehouse.table(BRONZE)}` TO VERSION AS OF 0").collect()
+    assert retention.accepted_ends(spark, lakehouse) == {(topic, "Id1", 0): 180, (topic, "Id1", 1): 5}
+    assert retention.lost_offsets(spark, lakehouse) == 80 + 5
+    assert [gap["accepted_by"] for gap in retention.recorded(spark, lakehouse)] == [
+        retention.ACCEPTED_BY_COMMAND,
+        retention.ACCEPTED_BY_SETTING,
+        retention.ACCEPTED_BY_SETTING,
+    ]
 
 
 def test_a_lost_checkpoint_resumes_a_partition_bronze_holds_nothing_of_where_bronze_began(spark, config):

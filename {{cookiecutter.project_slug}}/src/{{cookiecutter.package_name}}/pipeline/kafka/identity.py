@@ -126,7 +126,8 @@ def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
 
         recorded_compacted(spark, Lakehouse("/data/lake"))  # {"customers"}
     """
-    return set(list_names(spark, compacted_records(lakehouse)))
+    # A hidden name is a record another process is creating (delta/files.create_new), not yet one.
+    return {name for name in list_names(spark, compacted_records(lakehouse)) if not name.startswith(".")}
 
 
 class SourceGuard:

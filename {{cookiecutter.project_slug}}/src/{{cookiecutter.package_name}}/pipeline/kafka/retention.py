@@ -19,10 +19,14 @@ Spark reads an added partition from) with the first offset Kafka still holds:
   found at a start: records deleted while bronze runs are skipped by Spark without a record (one
   more reason to keep the setting on).
 
-The record is a property of the bronze table (``PROPERTY``, JSON): one entry per gap, with the topic, its
-id, the partition, the offsets [start, end), and when and by what it was accepted. The audit reports
-them. Offsets, not records: in a transactional topic some offsets are transaction markers, and the
-records themselves are gone, so no one can count them.
+The record is a file per gap beside the tables (``lost_records``, JSON): the topic, its id, the
+partition, the offsets [start, end), and when and by what it was accepted. Not a property of bronze's
+table: an operator who puts bronze back from an older copy, or RESTOREs it to an older version, must
+not make the lakehouse forget what Kafka deleted (bronze would be refused again for the same gap, and
+the audit would report fewer offsets lost than were). Created once and never rewritten, so two processes
+recording the same gap need no read-modify-write. The audit reports them. Offsets, not records: in a
+transactional topic some offsets are transaction markers, and the records themselves are gone, so no
+one can count them.
 
 Gaps between the offsets Kafka still holds (transaction markers, aborted records, compaction) are not
 losses, and are not looked for here.
@@ -37,10 +41,10 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from ..config import Config
-from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
+from ..delta.files import create_new, list_names, read_text
+from ..delta.tables import Lakehouse
 from .clients import earliest_offsets
 
-PROPERTY = "lakehouse.bronze.lost_offsets"
 # What accepted a gap: the operator's command, or the setting that lets Spark skip lost records.
 ACCEPTED_BY_COMMAND = "checkpoints accept-loss"
 ACCEPTED_BY_SETTING = "kafka.fail_on_data_loss = false"
@@ -67,6 +71,10 @@ class Gap:
     def describe(self) -> str:
         """In words, e.g. "events[0] offsets 100-149 (50)"."""
         return f"{self.topic}[{self.partition}] offsets {self.start}-{self.end - 1} ({self.offsets})"
+
+    def file_name(self) -> str:
+        """The name of its record in ``lost_records``: one per gap (a topic id has a fixed length)."""
+        return f"{self.topic}.{self.topic_id or 'unknown'}.{self.partition}.{self.start}-{self.end}.json"
 
 
 def needed_offsets(
@@ -126,10 +134,32 @@ def find_gaps(config: Config, needed: dict[tuple[str, int], int], topic_ids: dic
     ]
 
 
+def lost_records(lakehouse: Lakehouse) -> str:
+    """The directory where each gap accepted as lost is recorded, a file per gap (``Gap.file_name``).
+
+    Example::
+
+        lost_records(Lakehouse("/data/lake"))  # "/data/lake/sources/lost"
+    """
+    if not isinstance(lakehouse, Lakehouse):
+        raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
+    return f"{lakehouse.sources()}/lost"
+
+
 def recorded(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
-    """Every gap recorded on bronze, oldest first: topic, topic_id, partition, start, end, accepted_at, accepted_by."""
-    text = read_properties(spark, lakehouse.table(BRONZE)).get(PROPERTY)
-    return json.loads(text) if text else []
+    """Every gap recorded, oldest first: topic, topic_id, partition, start, end, accepted_at, accepted_by.
+
+    Example::
+
+        recorded(spark, Lakehouse("/data/lake"))
+        # [{"topic": "events", "topic_id": "Xh1...", "partition": 0, "start": 100, "end": 150, ...}]
+    """
+    directory = lost_records(lakehouse)
+    # A hidden name is a record another process is creating (delta/files.create_new), not yet one.
+    names = [name for name in list_names(spark, directory) if not name.startswith(".")]
+    texts = (read_text(spark, f"{directory}/{name}") for name in names)
+    entries = [json.loads(text) for text in texts if text]
+    return sorted(entries, key=lambda gap: (gap["accepted_at"], gap["topic"], gap["partition"], gap["start"]))
 
 
 def accepted_ends(spark: SparkSession, lakehouse: Lakehouse) -> dict[tuple[str, str, int], int]:
@@ -142,7 +172,7 @@ def accepted_ends(spark: SparkSession, lakehouse: Lakehouse) -> dict[tuple[str, 
 
 
 def record(spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_by: str) -> list[Gap]:
-    """Record ``gaps`` on bronze in one commit, leaving out the offsets recorded already; returns what was new.
+    """Record ``gaps``, a file each, leaving out the offsets recorded already; returns what was new.
 
     Example::
 
@@ -158,14 +188,24 @@ def record(spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_
         start = max(gap.start, ends.get((gap.topic, gap.topic_id, gap.partition), 0))
         if start < gap.end:
             new.append(Gap(gap.topic, gap.topic_id, gap.partition, start, gap.end))
-    if new:
-        at = datetime.now(UTC).isoformat(timespec="seconds")
-        added = [{**asdict(gap), "accepted_at": at, "accepted_by": accepted_by} for gap in new]
-        entries = [*recorded(spark, lakehouse), *added]
-        set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: json.dumps(entries, separators=(",", ":"))})
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    directory = lost_records(lakehouse)
+    for gap in new:
+        entry = {**asdict(gap), "accepted_at": at, "accepted_by": accepted_by}
+        create_new(spark, f"{directory}/{gap.file_name()}", json.dumps(entry, separators=(",", ":")))
     return new
 
 
 def lost_offsets(spark: SparkSession, lakehouse: Lakehouse) -> int:
-    """How many offsets the recorded gaps span (what the audit reports as lost)."""
-    return sum(gap["end"] - gap["start"] for gap in recorded(spark, lakehouse))
+    """How many offsets the recorded gaps span (what the audit reports as lost), each offset once: two
+    processes that found a partition's gap at different moments record overlapping ones."""
+    spans: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for gap in recorded(spark, lakehouse):
+        spans.setdefault((gap["topic"], gap["topic_id"], gap["partition"]), []).append((gap["start"], gap["end"]))
+    lost = 0
+    for intervals in spans.values():
+        reached = 0
+        for start, end in sorted(intervals):
+            lost += max(0, end - max(start, reached))
+            reached = max(reached, end)
+    return lost
