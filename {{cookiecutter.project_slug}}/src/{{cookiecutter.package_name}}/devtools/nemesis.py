@@ -101,8 +101,7 @@ from .chaos import (
     wait_while_running,
 )
 
-# Each action's weight, in the order the schedule draws among those whose precondition holds. A restore
-# needs a snapshot first: both weigh twice the rarest, so that a 100-action run restores several times.
+# Each action's weight, in the order the schedule draws among those whose precondition holds.
 WEIGHTS = {
     "produce": 6,
     "drain": 3,
@@ -110,8 +109,8 @@ WEIGHTS = {
     "kill": 3,
     "crash": 2,
     "freeze": 1,
-    "snapshot": 2,
-    "restore": 2,
+    "snapshot": 1,
+    "restore": 1,
     "rollback": 1,
     "lose": 1,
     "reset": 1,
