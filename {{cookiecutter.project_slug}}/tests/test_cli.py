@@ -1,11 +1,18 @@
 """The command line, end to end on the real broker, Spark and Delta."""
 
+import fcntl
+import io
 import json
 import os
+import pty
+import re
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import urllib.request
 from importlib import resources
@@ -17,6 +24,7 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import dev, main
 from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse, download_with_retries
+from {{ cookiecutter.package_name }}.cli.live import LiveLine
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
 
@@ -188,6 +196,67 @@ def test_run_with_a_metrics_port_in_use_exits_2_naming_the_setting(pipeline_env,
     error = capsys.readouterr().err
     assert "metrics.port: cannot serve metrics on 127.0.0.1" in error
     assert "METRICS_PORT" in error
+
+
+class Terminal(io.StringIO):
+    """What a person's terminal looks like to a command: a file that is a TTY."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_live_line_on_a_terminal_says_the_step_the_stream_and_spark_tasks_and_a_log_gets_none(spark):
+    terminal = Terminal()
+    with LiveLine(spark, "resetting gold: rebuilding tables", file=terminal, interval_s=0.05) as live:
+        assert live.shown
+        # Four tasks of half a second each on two cores: the line is redrawn while they run.
+        spark.range(4, numPartitions=4).selectExpr("reflect('java.lang.Thread', 'sleep', 500L)").collect()
+        live.batch({"stream": "bronze", "batch_id": 0, "input_rows": 60000, "kafka_lag": "240000"})
+        live.batch({"stream": "bronze", "batch_id": 1, "input_rows": 40000, "kafka_lag": "200000"})
+        live.write("[bronze] batch 1: 40000 rows")
+    drawn = terminal.getvalue()
+    assert "resetting gold: rebuilding tables" in drawn
+    assert re.search(r"Spark tasks [0-3]/4", drawn), drawn
+    assert "bronze: batch 1 done, 100,000 records read, 200,000 behind in Kafka" in drawn
+    assert "[bronze] batch 1: 40000 rows\n" in drawn
+
+    log = io.StringIO()
+    with LiveLine(spark, "audit", file=log) as live:
+        assert not live.shown
+        spark.range(4, numPartitions=4).selectExpr("reflect('java.lang.Thread', 'sleep', 200L)").collect()
+        live.write("[gold] batch 0: 12 rows")
+    assert log.getvalue() == "[gold] batch 0: 12 rows\n"
+
+
+def test_run_available_now_on_a_terminal_keeps_a_live_line_under_its_batch_lines(pipeline_env, tmp_path):
+    assert main(["produce-sample", "--count", "30", "--seed", "5"]) == 0
+    controller, terminal = pty.openpty()
+    # A terminal of 50 rows and 200 columns: a new pseudo-terminal has 0 columns, where nothing fits.
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "run", "--layer", "bronze", "--available-now"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    seen = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 1.0)
+        if ready:
+            try:
+                seen += os.read(controller, 65536)
+            except OSError:  # the child closed the terminal
+                break
+        elif child.poll() is not None:
+            break
+    os.close(controller)
+    assert child.wait(timeout=60) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "[bronze] batch 0: 30 rows" in text
+    assert "run --available-now: bronze" in text
+    assert "bronze: batch 0 done, 30 records read" in text
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:

@@ -12,6 +12,7 @@ from ..pipeline.audit.cut import AuditRangeError, Bound
 from ..pipeline.config import Config, ConfigError, duration_seconds
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
+from .live import LiveLine
 
 
 def register(commands) -> None:
@@ -68,7 +69,9 @@ def audit_command(config: Config, args: argparse.Namespace) -> int:
     config = connect(config, egress=True)
     bound = parse_bound(args.last_batches, args.since)
     try:
-        report = run_audit(spark_session(config, "audit"), config, bound=bound)
+        spark = spark_session(config, "audit")
+        with LiveLine(spark, "audit: reading Kafka and every table at one cut"):
+            report = run_audit(spark, config, bound=bound)
     except AuditRangeError as error:
         # A bound the checkpoint cannot answer: bad input.
         print(f"audit: {error}", file=sys.stderr)

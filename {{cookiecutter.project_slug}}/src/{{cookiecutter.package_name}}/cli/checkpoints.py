@@ -19,6 +19,7 @@ from ..pipeline.recovery.lease import LeaseHeld, holding, read_lease
 from ..pipeline.refusals import Refusal
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
+from .live import LiveLine
 
 
 def register(commands) -> None:
@@ -161,7 +162,8 @@ def reset_checkpoints(
         # Held for the whole reset: no stream starts halfway through it.
         ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
-            done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
+            with LiveLine(spark, f"resetting {names}" + (": rebuilding tables" if rebuilt else "")):
+                done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return ExitCode.REFUSED

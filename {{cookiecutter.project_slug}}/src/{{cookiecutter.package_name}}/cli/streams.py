@@ -8,11 +8,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..pipeline.config import Config, ConfigError
 from ..pipeline.egress import installed_names
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
+from .live import LiveLine
 
 
 def register(commands) -> None:
@@ -56,18 +59,26 @@ def run(config: Config, args: argparse.Namespace) -> int:
     spark = spark_session(config, f"pipeline-{args.layer}")
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    reporter = ProgressReporter(spark)
-    spark.streams.addListener(reporter)
     layers = stream_names(config) if args.layer == "all" else (args.layer,)
-    try:
-        if args.available_now:
+    if not args.available_now:
+        # A continuous run is watched through its log and metrics, not waited for at a terminal.
+        with _reporting(spark, ProgressReporter(spark)):
+            return _run_until_stopped(spark, config, layers, stop_requested)
+    with LiveLine(spark, f"run --available-now: {', '.join(layers)}") as live:
+        with _reporting(spark, ProgressReporter(spark, echo=live.write, on_batch=live.batch)):
             try:
                 run_available_now(spark, config, layers)
             except LeaseLost as error:  # a stream that failed, as in a continuous run: not a refused start
-                print(f"stopped: {error}", file=sys.stderr)
+                live.write(f"stopped: {error}")
                 return ExitCode.FAILED
-            return ExitCode.OK
-        return _run_until_stopped(spark, config, layers, stop_requested)
+    return ExitCode.OK
+
+
+@contextmanager
+def _reporting(spark, reporter) -> Iterator[None]:
+    spark.streams.addListener(reporter)
+    try:
+        yield
     finally:
         # Listener events are delivered asynchronously: let the last batches report.
         spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()

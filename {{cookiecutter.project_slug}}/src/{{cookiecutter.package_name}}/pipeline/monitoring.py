@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from enum import Enum
 
 from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
@@ -192,6 +193,10 @@ def delta_source_version(source) -> tuple[str, int] | None:
     return match.group("path"), int(offset["reservoirVersion"]) - 1
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _offsets(text: str | None) -> dict:
     try:
         found = json.loads(text) if text else {}
@@ -205,47 +210,53 @@ class ProgressReporter(StreamingQueryListener):
 
     With ``spark``, it also measures how many versions of its Delta source each stream has not
     read (one listing of that table's log per batch), for ``lakehouse_delta_version_lag``.
+    ``echo`` prints its lines (stderr by default; a command's live line prints them above itself),
+    and ``on_batch`` is handed each batch's record, the one the JSON log gets.
     """
 
-    def __init__(self, spark: SparkSession | None = None) -> None:
+    def __init__(
+        self,
+        spark: SparkSession | None = None,
+        echo: Callable[[str], None] | None = None,
+        on_batch: Callable[[dict], None] | None = None,
+    ) -> None:
         super().__init__()
         self._spark = spark
+        self._echo = echo or _to_stderr
+        self._on_batch = on_batch
 
     def onQueryStarted(self, event) -> None:
-        print(f"[{event.name}] started (id {event.id})", file=sys.stderr, flush=True)
+        self._echo(f"[{event.name}] started (id {event.id})")
 
     def onQueryProgress(self, event) -> None:
         progress = event.progress
         lag = kafka_lag(progress)
         rate = progress.processedRowsPerSecond or 0.0
-        print(
+        self._echo(
             f"[{progress.name}] batch {progress.batchId}: {progress.numInputRows} rows, "
-            f"{rate:,.0f} rows/s" + ("" if lag is None else f", Kafka lag {lag}"),
-            file=sys.stderr,
-            flush=True,
+            f"{rate:,.0f} rows/s" + ("" if lag is None else f", Kafka lag {lag}")
         )
         version_lag = self._observe(progress)
-        log.info(
-            json.dumps(
-                {
-                    "event": "batch_progress",
-                    "stream": progress.name,
-                    "batch_id": progress.batchId,
-                    "input_rows": progress.numInputRows,
-                    "rows_per_second": rate,
-                    "kafka_lag": lag,
-                    "delta_version_lag": version_lag,
-                    "duration_ms": progress.durationMs,
-                }
-            )
-        )
+        record = {
+            "event": "batch_progress",
+            "stream": progress.name,
+            "batch_id": progress.batchId,
+            "input_rows": progress.numInputRows,
+            "rows_per_second": rate,
+            "kafka_lag": lag,
+            "delta_version_lag": version_lag,
+            "duration_ms": progress.durationMs,
+        }
+        log.info(json.dumps(record))
+        if self._on_batch is not None:
+            self._on_batch(record)
 
     def onQueryIdle(self, event) -> None:
         pass
 
     def onQueryTerminated(self, event) -> None:
         outcome = f"failed: {event.exception}" if event.exception else "stopped"
-        print(f"[stream {event.id}] {outcome}", file=sys.stderr, flush=True)
+        self._echo(f"[stream {event.id}] {outcome}")
 
     def _observe(self, progress) -> dict[str, int]:
         stream = progress.name or str(progress.id)
