@@ -149,6 +149,10 @@ MALFORMED = [
     (event(amount=1.005), "field amount does not fit DECIMAL(18,2) exactly"),
     (event(amount=10**17), "field amount does not fit DECIMAL(18,2) exactly"),
     (b"42", "value is not a JSON object"),
+    # An array holding a whole event is no object, even with every field inside; an object without the
+    # first required field is one (silver reads the document's schema only when that field is absent).
+    (b"[" + event() + b"]", "value is not a JSON object"),
+    (b"{}", "missing required field event_id"),
     # More than one fault: the first check in order of precedence names the record.
     (event(user_id=..., amount=...), "missing required field user_id"),
     (event(event_type="", user_id=5), "field user_id must be a string, got BIGINT"),
