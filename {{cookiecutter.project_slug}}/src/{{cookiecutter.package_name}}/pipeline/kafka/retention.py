@@ -73,8 +73,14 @@ class Gap:
         return f"{self.topic}[{self.partition}] offsets {self.start}-{self.end - 1} ({self.offsets})"
 
     def file_name(self) -> str:
-        """The name of its record in ``lost_records``: one per gap (a topic id has a fixed length)."""
-        return f"{self.topic}.{self.topic_id or 'unknown'}.{self.partition}.{self.start}-{self.end}.json"
+        """The name of its record in ``lost_records``: one per gap.
+
+        A topic id is base64 as the Kafka client prints it, which may hold "/" and "+": in a name they
+        become "_" and "-" (URL-safe base64, one to one), or a "/" would make a directory. A topic name
+        holds only letters, digits, ".", "_" and "-".
+        """
+        topic_id = (self.topic_id or "unknown").replace("+", "-").replace("/", "_")
+        return f"{self.topic}.{topic_id}.{self.partition}.{self.start}-{self.end}.json"
 
 
 def needed_offsets(
