@@ -87,17 +87,24 @@ def stream_writer(
     """
     options = spark_source_options(config)
     checkpoint = lakehouse.checkpoint("bronze")
+    bronze_path = lakehouse.table(BRONZE)
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+    # A checkpoint that has planned nothing while bronze holds rows goes on after those rows, as a lost one
+    # does (and as gaps_at_start reckons): one that a start made and then refused (its metadata written, no
+    # offsets yet) would otherwise start at kafka.starting_offsets, read bronze's records again from the
+    # first, and skip a gap unchecked. A soak found it after a refusal whose way out keeps the checkpoint.
+    after_rows = prepared.lost_checkpoint or (not resuming and table_has_rows(spark, bronze_path))
     # Until batch 0 commits (its replay included), this is bronze's first checkpoint starting.
-    first_start = not prepared.lost_checkpoint and checkpoints.last_committed_batch(spark, checkpoint) is None
+    first_start = not after_rows and checkpoints.last_committed_batch(spark, checkpoint) is None
     needed = next_offsets(spark, lakehouse, prepared.stream_id) if resuming else None
-    if prepared.lost_checkpoint:
+    if after_rows:
         options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
-        log.warning("bronze: checkpoint lost; resuming after the offsets in bronze: %s", options["startingOffsets"])
+        log.warning(
+            "bronze: no offsets in its checkpoint; resuming after the offsets in bronze: %s", options["startingOffsets"]
+        )
         needed = options["startingOffsets"]
     check_retained(spark, config, lakehouse, needed, sources.recorded_ids)
-    bronze_path = lakehouse.table(BRONZE)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         # Asked before each batch: a topic created again since the start is refused before anything is written.
