@@ -90,20 +90,14 @@ def stream_writer(
     bronze_path = lakehouse.table(BRONZE)
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
-    # A checkpoint that has planned nothing while bronze holds rows goes on after those rows, as a lost one
-    # does (and as gaps_at_start reckons): one that a start made and then refused (its metadata written, no
-    # offsets yet) would otherwise start at kafka.starting_offsets, read bronze's records again from the
-    # first, and skip a gap unchecked. A soak found it after a refusal whose way out keeps the checkpoint.
-    after_rows = prepared.lost_checkpoint or (not resuming and table_has_rows(spark, bronze_path))
+    needed, after_rows = offsets_at_start(
+        spark, config, lakehouse, sources.recorded_ids, prepared.stream_id, resuming, prepared.lost_checkpoint
+    )
     # Until batch 0 commits (its replay included), this is bronze's first checkpoint starting.
     first_start = not after_rows and checkpoints.last_committed_batch(spark, checkpoint) is None
-    needed = next_offsets(spark, lakehouse, prepared.stream_id) if resuming else None
     if after_rows:
-        options["startingOffsets"] = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
-        log.warning(
-            "bronze: no offsets in its checkpoint; resuming after the offsets in bronze: %s", options["startingOffsets"]
-        )
-        needed = options["startingOffsets"]
+        options["startingOffsets"] = needed
+        log.warning("bronze: no offsets in its checkpoint; resuming after the offsets in bronze: %s", needed)
     check_retained(spark, config, lakehouse, needed, sources.recorded_ids)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
@@ -196,6 +190,36 @@ def record_first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: d
         set_properties(spark, lakehouse.table(BRONZE), {FIRST_OFFSETS: json.dumps([*entries, *new])})
 
 
+def offsets_at_start(
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    topic_ids: dict[str, str],
+    stream_id: str | None,
+    resuming: bool,
+    lost_checkpoint: bool = False,
+) -> tuple[str | None, bool]:
+    """What a start of bronze needs next from Kafka (an offsets JSON; None when it starts at
+    ``kafka.starting_offsets``), and whether it starts after the rows bronze holds rather than where
+    its checkpoint says.
+
+    A checkpoint that has planned nothing while bronze holds rows goes on after those rows, as a lost one
+    does: one that a start made and then refused (its metadata written, no offsets yet) would otherwise
+    start at ``kafka.starting_offsets``, read bronze's records again from the first, and skip a gap
+    unchecked. A soak found it after a refusal whose way out keeps the checkpoint.
+
+    Example::
+
+        offsets_at_start(spark, config, lakehouse, {"events": "Xh1..."}, stream_id, resuming=False)
+        # ('{"events": {"0": 120}}', True)
+    """
+    if resuming and not lost_checkpoint:
+        return next_offsets(spark, lakehouse, stream_id), False
+    if lost_checkpoint or table_has_rows(spark, lakehouse.table(BRONZE)):
+        return resume_offsets(spark, config, lakehouse, topic_ids), True
+    return None, False
+
+
 def next_offsets(spark: SparkSession, lakehouse: Lakehouse, stream_id: str | None) -> str | None:
     """The offsets JSON a resuming bronze reads Kafka from next: where the last batch bronze holds ended, or,
     before any, where its checkpoint began.
@@ -251,11 +275,9 @@ def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> 
     checkpoint = lakehouse.checkpoint("bronze")
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
     sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
-    if resuming:
-        needed = next_offsets(spark, lakehouse, checkpoints.read_stream_id(spark, checkpoint, "bronze"))
-    elif table_has_rows(spark, lakehouse.table(BRONZE)):
-        needed = resume_offsets(spark, config, lakehouse, sources.recorded_ids)
-    else:
+    stream_id = checkpoints.read_stream_id(spark, checkpoint, "bronze") if resuming else None
+    needed, _ = offsets_at_start(spark, config, lakehouse, sources.recorded_ids, stream_id, resuming)
+    if needed is None:
         return []
     return retention.find_gaps(config, retention.needed_offsets(needed, topic_partitions(config)), sources.recorded_ids)
 
