@@ -149,8 +149,8 @@ MALFORMED = [
     (event(amount=1.005), "field amount does not fit DECIMAL(18,2) exactly"),
     (event(amount=10**17), "field amount does not fit DECIMAL(18,2) exactly"),
     (b"42", "value is not a JSON object"),
-    # An array holding a whole event is no object, even with every field inside; an object without the
-    # first required field is one (silver reads the document's schema only when that field is absent).
+    # An array holding a whole event is no object, even with every field inside; an object without any
+    # field is one (silver reads the document's schema only when the event time is absent).
     (b"[" + event() + b"]", "value is not a JSON object"),
     (b"{}", "missing required field event_id"),
     # More than one fault: the first check in order of precedence names the record.

@@ -69,13 +69,6 @@ class LiveLine:
             self._bar.close()
             self._bar = None
 
-    def describe(self, what: str) -> None:
-        """Say what the command does now (a new step of it)."""
-        if not what:
-            raise ValueError("what must say what the command is doing")
-        self._what = what
-        self._draw()
-
     def batch(self, report: dict) -> None:
         """Take a stream's batch report (``monitoring.ProgressReporter``'s ``batch_progress`` record).
 

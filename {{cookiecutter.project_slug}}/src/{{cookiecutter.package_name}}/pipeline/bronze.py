@@ -206,7 +206,7 @@ def offsets_at_start(
     A checkpoint that has planned nothing while bronze holds rows goes on after those rows, as a lost one
     does: one that a start made and then refused (its metadata written, no offsets yet) would otherwise
     start at ``kafka.starting_offsets``, read bronze's records again from the first, and skip a gap
-    unchecked. A soak found it after a refusal whose way out keeps the checkpoint.
+    unchecked.
 
     Example::
 

@@ -130,16 +130,13 @@ def _failed(rule: Rule, field: Field) -> Column:
 def _not_an_object(contract: Contract) -> Column:
     """True when the parsed document is not a JSON object (an array, a string, a number...).
 
-    A document holding a required field is an object: a path like ``$.event_id`` finds nothing in
-    an array or a scalar. So the whole document's schema, which costs about as much as reading two
-    fields, is read only for the few records that lack the first required field (``&`` evaluates
-    its right side only when its left is true). The event time is always required: there is one.
+    A document holding a field is an object: a path like ``$.event_time`` finds nothing in an array
+    or a scalar. So the whole document's schema, which costs about as much as reading two fields, is
+    read only for the few records that lack the event time, a field every contract requires (``&``
+    evaluates its right side only when its left is true).
     """
     not_object = ~F.schema_of_variant(F.col("_doc")).startswith("OBJECT<")
-    required = next((field for field in contract.fields if field.required), None)
-    if required is None:
-        return not_object
-    return F.col(_json_type(required)).isNull() & not_object
+    return F.col(_json_type(contract.field(contract.event_time))).isNull() & not_object
 
 
 def _rejection_reason(contract: Contract) -> Column:
