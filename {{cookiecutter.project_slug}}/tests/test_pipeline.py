@@ -170,7 +170,7 @@ def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spar
 
     assert table(spark, config, BRONZE).count() == 210
     report = assert_audit_clean(spark, config)
-    assert report["warnings"]["bronze_reingested_duplicates"] == 0
+    assert report["errors"]["bronze_duplicates"] == 0
 
 
 @pytest.mark.slow
@@ -290,7 +290,7 @@ def test_audit_detects_a_planted_duplicate_and_a_planted_loss(spark, config):
 
 
 @pytest.mark.slow
-def test_audit_reports_reingested_bronze_records_as_a_warning_not_an_error(spark, config):
+def test_audit_fails_over_a_record_bronze_holds_twice_though_silver_keeps_it_once(spark, config):
     produce_sample(config, 40, seed=14)
     run_available_now(spark, config)
     bronze_path = Lakehouse(config.lakehouse_root).table(BRONZE)
@@ -298,8 +298,9 @@ def test_audit_reports_reingested_bronze_records_as_a_warning_not_an_error(spark
     table(spark, config, BRONZE).limit(3).write.format("delta").mode("append").save(bronze_path)
     report = run_audit(spark, config)
 
-    assert report.warnings["bronze_reingested_duplicates"] == 3
-    assert report.clean
+    assert report.errors["bronze_duplicates"] == 3
+    assert report.errors["silver_duplicates"] == 0
+    assert not report.clean
 
 
 @pytest.mark.slow
