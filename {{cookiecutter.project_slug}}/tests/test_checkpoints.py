@@ -884,6 +884,42 @@ def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepte
 
 
 @pytest.mark.slow
+def test_copies_appended_to_bronze_fail_the_audit_until_dropped_and_silver_reset_then_each_record_is_held_once(
+    spark, pipeline_env, capsys
+):
+    first = produce_records(pipeline_env, 40, seed=21)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    bronze_path = Lakehouse(pipeline_env.lakehouse_root).table(BRONZE)
+    # Another application appends three rows bronze holds already.
+    copies = load(spark, pipeline_env, BRONZE).orderBy("partition", "offset").limit(3)
+    copies.write.format("delta").mode("append").save(bronze_path)
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["errors"]["bronze_duplicates"] == 3
+
+    assert main(["checkpoints", "drop-bronze-copies"]) == 3, "not a terminal: dropping needs --yes"
+    assert "remove 3 extra rows of 3 records" in capsys.readouterr().err
+    assert main(["checkpoints", "drop-bronze-copies", "--yes"]) == 0
+    later = produce_records(pipeline_env, 10, seed=22)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    # The oracle is what was produced, each record once in bronze and in silver.
+    produced = sorted(json.loads(value)["event_id"] for _, value in first + later)
+    bronze = load(spark, pipeline_env, BRONZE)
+    assert sorted(json.loads(row.value)["event_id"] for row in bronze.select("value").collect()) == produced
+    silver = load(spark, pipeline_env, SILVER).select("event_id").collect()
+    assert sorted(row.event_id for row in silver) == produced
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
+    properties = DeltaTable.forPath(spark, bronze_path).detail().first().properties
+    assert properties["delta.appendOnly"] == "true"
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["errors"]["bronze_duplicates"] == 0
+    assert main(["checkpoints", "drop-bronze-copies", "--yes"]) == 0
+    assert "nothing to drop" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_another_cluster_answering_is_refused_until_bronze_alone_is_reset_then_both_clusters_records_stay(
     spark, pipeline_env, capsys, monkeypatch, tmp_path
 ):

@@ -1,21 +1,31 @@
-"""`checkpoints list`, `reset` and `accept-loss`: each stream's checkpoint against its tables, and the way back."""
+"""`checkpoints list`, `reset`, `accept-loss` and `drop-bronze-copies`: each stream's checkpoint against its
+tables, and the ways back."""
 
 from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable
 
 from ..pipeline import bronze as bronze_layer
 from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
 from ..pipeline.config import Config, duration_seconds
-from ..pipeline.delta.tables import STREAMS, Lakehouse, Stream, TableSchemaError, with_downstream
+from ..pipeline.delta.tables import (
+    STREAMS,
+    Lakehouse,
+    Stream,
+    TableSchemaError,
+    set_properties,
+    with_downstream,
+)
 from ..pipeline.egress import configured, installed_names
 from ..pipeline.egress import stream as egress_stream
 from ..pipeline.kafka import retention
 from ..pipeline.recovery import checkpoints, rebuild
 from ..pipeline.recovery.lease import LeaseHeld, holding, read_lease
+from ..pipeline.recovery.sink_progress import REBUILDING_PROPERTY
 from ..pipeline.refusals import Refusal
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
@@ -49,6 +59,15 @@ def register(commands) -> None:
         handler=lambda config, args: accept_loss(
             connect(config), args.yes, lambda resolved: spark_session(resolved, "checkpoints")
         )
+    )
+
+    copies = actions.add_parser(
+        "drop-bronze-copies",
+        help="keep one copy of each record bronze holds more than once, then reset silver and below",
+    )
+    copies.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    copies.set_defaults(
+        handler=lambda config, args: drop_bronze_copies(config, args.yes, lambda: spark_session(config, "checkpoints"))
     )
 
 
@@ -215,4 +234,54 @@ def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object
         print(f"refusing to accept lost records: {error}", file=sys.stderr)
         return ExitCode.REFUSED
     print(f"recorded as lost on bronze: {described}; bronze resumes after them")
+    return ExitCode.OK
+
+
+def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], object]) -> int:
+    """The way out of the audit's ``bronze_duplicates``: bronze keeps the first copy of each record, in one
+    commit, then silver and below are reset (rebuilt from bronze). Asks on a terminal, needs ``yes`` otherwise.
+
+    Silver kept one copy of each record all along, so only bronze was wrong; but a rewrite of bronze is a
+    change silver's stream cannot read past. Silver is marked as being rebuilt before bronze changes: if
+    this is cut short, silver's start refuses and names ``checkpoints reset silver``. Nothing to drop
+    changes nothing. Refuses (exit 3) while any stream runs.
+
+    Example::
+
+        drop_bronze_copies(config, yes=True, make_spark=lambda: spark)  # 0
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    spark = make_spark()
+    streams = with_downstream("bronze")
+    ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    way_out = "Then run `checkpoints drop-bronze-copies` again."
+    try:
+        # Held throughout: no stream writes between finding the copies, dropping them and the reset.
+        with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
+            copies = bronze_layer.find_copies(spark, lakehouse)
+            if copies is None:
+                bronze_layer.drop_copies(spark, lakehouse, None)  # appendOnly back, if a run was cut short
+                print("nothing to drop: bronze holds each record once")
+                return ExitCode.OK
+            reset = with_downstream("silver")
+            names = ", ".join(each.name for each in reset)
+            what = f"remove {copies.describe()} from bronze (the first copy of each stays) and reset {names}"
+            if not yes:
+                if not sys.stdin.isatty():
+                    print(Refusal.COPIES_UNCONFIRMED.message("bronze", what=what), file=sys.stderr)
+                    return ExitCode.REFUSED
+                answer = input(f"Bronze holds records more than once.\nThis will {what}.\nType 'yes' to go on: ")
+                if answer.strip().lower() != "yes":
+                    print("nothing dropped")
+                    return ExitCode.FAILED
+            mark = {REBUILDING_PROPERTY % "silver": str(uuid.uuid4())}
+            for table in STREAMS["silver"].sinks:
+                set_properties(spark, lakehouse.table(table), mark)
+            with LiveLine(spark, f"dropping bronze's copies, then resetting {names}"):
+                bronze_layer.drop_copies(spark, lakehouse, copies)
+                pipeline_streams.reset(spark, lakehouse, reset, config.gold_window, config=config)
+    except (LeaseHeld, TableSchemaError) as error:
+        print(f"refusing to drop bronze's copies: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(f"removed {copies.describe()} from bronze; reset {names}: the next run resumes consistently")
     return ExitCode.OK

@@ -10,22 +10,32 @@ the same name is refused, see ``kafka/identity.py``). The sink is an append tagg
 The guards of this layer: a subscription changed in a way Spark's source would stop on at every
 start (``check_subscription``); a lost checkpoint, after which bronze resumes after the offsets it
 holds (``resume_offsets``); and records Kafka deleted before bronze read them, refused or recorded
-at every start (``check_retained``, see ``kafka/retention.py``).
+at every start (``check_retained``, see ``kafka/retention.py``). Rows appended to bronze from
+outside repeat records bronze holds; ``drop_copies`` keeps one of each (the audit names them).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config
 from .delta import files
-from .delta.tables import BRONZE, Lakehouse, read_properties, set_properties, table_has_rows
+from .delta.tables import (
+    BRONZE,
+    KAFKA_KEY_COLUMNS,
+    Lakehouse,
+    latest_snapshot,
+    read_properties,
+    set_properties,
+    table_has_rows,
+)
 from .delta.writes import append_idempotent
 from .kafka import retention
 from .kafka.clients import earliest_offsets, spark_source_options, topic_partitions
@@ -320,3 +330,88 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
         topic: {str(p): resume.get((topic, p), EARLIEST) for p in partitions} for topic, partitions in current.items()
     }
     return json.dumps(offsets)
+
+
+def first_copies(bronze_rows: DataFrame) -> DataFrame:
+    """One row per Kafka record (topic, topic id, partition, offset): the copy ingested first.
+
+    Bronze's own batches never repeat a record, so a second copy came from outside, after it.
+
+    Example::
+
+        first_copies(spark.read.format("delta").load(lakehouse.table(BRONZE)))
+    """
+    if not isinstance(bronze_rows, DataFrame):
+        raise TypeError("bronze_rows must be a DataFrame of bronze's rows")
+    first = Window.partitionBy(*KAFKA_KEY_COLUMNS).orderBy("ingest_time")
+    return bronze_rows.withColumn("_copy", F.row_number().over(first)).where(F.col("_copy") == 1).drop("_copy")
+
+
+def _literal(value: str) -> str:
+    # A Spark SQL string literal (backslash escapes), as table properties are written.
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass(frozen=True)
+class Copies:
+    """What ``find_copies`` found: the records bronze holds more than once, at one version."""
+
+    version: int
+    records: int
+    extra_rows: int
+    where: str  # a SQL predicate true for every row of those records
+
+    def describe(self) -> str:
+        return f"{self.extra_rows} extra rows of {self.records} records at bronze version {self.version}"
+
+
+def find_copies(spark: SparkSession, lakehouse: Lakehouse) -> Copies | None:
+    """The records bronze holds more than once now, or None when it holds each once (one scan of bronze).
+
+    Example::
+
+        find_copies(spark, Lakehouse("/data/lake")).describe()  # "3 extra rows of 3 records at bronze version 7"
+    """
+    path = lakehouse.table(BRONZE)
+    snapshot = latest_snapshot(spark, path)
+    if snapshot.version() < 0:
+        return None
+    rows = spark.read.format("delta").option("versionAsOf", snapshot.version()).load(path)
+    repeated = rows.groupBy(*KAFKA_KEY_COLUMNS).count().where(F.col("count") > 1).collect()
+    if not repeated:
+        return None
+    by_partition: dict[tuple[str, str, int], list[int]] = {}
+    for row in repeated:
+        by_partition.setdefault((row.topic, row.topic_id, row.partition), []).append(row.offset)
+    where = " OR ".join(
+        f"(topic = {_literal(topic)} AND topic_id = {_literal(topic_id)} AND partition = {partition}"
+        f" AND offset IN ({', '.join(str(offset) for offset in sorted(offsets))}))"
+        for (topic, topic_id, partition), offsets in sorted(by_partition.items())
+    )
+    return Copies(snapshot.version(), len(repeated), sum(row["count"] - 1 for row in repeated), where)
+
+
+def drop_copies(spark: SparkSession, lakehouse: Lakehouse, copies: Copies | None) -> None:
+    """Keep the first copy of each record ``find_copies`` found, in one commit that rewrites only those records.
+
+    Bronze is append-only: the property is lifted for that commit and set again after it, also
+    when there is nothing to remove (a run cut short in between). The caller holds bronze's
+    stream, and silver's: a rewrite of bronze is a change silver's stream cannot read past, so
+    silver is rebuilt after it (``checkpoints drop-bronze-copies`` does both). Holding bronze's stream,
+    nothing commits to bronze between ``find_copies`` and this.
+
+    Example::
+
+        drop_copies(spark, Lakehouse("/data/lake"), find_copies(spark, Lakehouse("/data/lake")))
+    """
+    path = lakehouse.table(BRONZE)
+    if copies is not None:
+        if not isinstance(copies, Copies):
+            raise TypeError("copies must be what find_copies returned")
+        set_properties(spark, path, {"delta.appendOnly": "false"})
+        rows = spark.read.format("delta").load(path)
+        first_copies(rows.where(copies.where)).write.format("delta").mode("overwrite").option(
+            "replaceWhere", copies.where
+        ).save(path)
+    if read_properties(spark, path).get("delta.appendOnly") != "true":
+        set_properties(spark, path, {"delta.appendOnly": "true"})

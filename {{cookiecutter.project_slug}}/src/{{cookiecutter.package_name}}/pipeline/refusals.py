@@ -332,6 +332,14 @@ class Refusal(Enum):
         way_out="run `checkpoints accept-loss --yes` to do it.",
         prefixed=False,
     )
+    COPIES_UNCONFIRMED = Entry(
+        title="Dropping bronze's copies nobody confirmed",
+        happened="`checkpoints drop-bronze-copies` ran where nothing can ask (not on a terminal) without `--yes`",
+        found="refusing to drop copies from bronze without confirmation: this would {what}. Not on a terminal, so "
+        "nothing can ask.",
+        way_out="run `checkpoints drop-bronze-copies --yes` to do it.",
+        prefixed=False,
+    )
     KAFKA_MARKER_AHEAD = Entry(
         title="The Kafka egress's checkpoint behind its topic",
         egress="kafka_egress",
