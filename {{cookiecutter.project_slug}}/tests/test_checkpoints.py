@@ -895,7 +895,9 @@ def test_copies_appended_to_bronze_fail_the_audit_until_dropped_and_silver_reset
     copies.write.format("delta").mode("append").save(bronze_path)
     capsys.readouterr()
     assert main(["audit", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["errors"]["bronze_duplicates"] == 3
+    errors = json.loads(capsys.readouterr().out)["errors"]
+    assert errors["bronze_duplicates"] == 3
+    assert errors["silver_duplicates"] == 0, "silver keeps each record once"
 
     assert main(["checkpoints", "drop-bronze-copies"]) == 3, "not a terminal: dropping needs --yes"
     assert "remove 3 extra rows of 3 records" in capsys.readouterr().err

@@ -290,20 +290,6 @@ def test_audit_detects_a_planted_duplicate_and_a_planted_loss(spark, config):
 
 
 @pytest.mark.slow
-def test_audit_fails_over_a_record_bronze_holds_twice_though_silver_keeps_it_once(spark, config):
-    produce_sample(config, 40, seed=14)
-    run_available_now(spark, config)
-    bronze_path = Lakehouse(config.lakehouse_root).table(BRONZE)
-
-    table(spark, config, BRONZE).limit(3).write.format("delta").mode("append").save(bronze_path)
-    report = run_audit(spark, config)
-
-    assert report.errors["bronze_duplicates"] == 3
-    assert report.errors["silver_duplicates"] == 0
-    assert not report.clean
-
-
-@pytest.mark.slow
 def test_a_producer_that_changes_a_field_type_is_flagged_per_batch_and_by_the_audit(spark, config, capsys):
     produce_sample(config, 20, seed=32)
     run_available_now(spark, config)
