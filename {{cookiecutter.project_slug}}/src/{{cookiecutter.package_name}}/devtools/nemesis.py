@@ -26,9 +26,9 @@ what the world does to them:
                 for bronze and silver;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
                 continuous run may be writing to it;
-* ``foreign``   rows appended to silver, quarantine or gold by another application, while a run may
-                write: the oracle and the audit must both find them, and the way out the runbook
-                gives for what the audit reports must make every table and sink exact again;
+* ``foreign``   rows appended to bronze, silver, quarantine or gold by another application, while a
+                run may write: the oracle and the audit must both find them, and the way out the
+                runbook gives for what the audit reports must make every table and sink exact again;
 * ``retention`` the oldest records of a partition deleted (DeleteRecords, as retention does): only
                 records bronze holds, or records it has not read yet too, which its next start must
                 refuse to skip, naming ``checkpoints accept-loss``; those records are lost on purpose
@@ -944,14 +944,15 @@ class Nemesis:
         return f"{operation} {table}{' while a run wrote' if running else ''}: {outcome}"
 
     def foreign(self) -> str:
-        """Another application appends rows to silver, quarantine or gold (a hand-made backfill), while a
-        continuous run may be writing: Delta commits both, and the pipeline's commits stay whole. The
-        rows are copies of the table's own with other coordinates (silver, quarantine) or windows years
-        later (gold), and flow downstream with the next run (silver's into gold and the egresses). Then
-        both the oracle and the audit must find the lakehouse wrong; the operator takes the way out the
-        runbook gives for what the audit reports (`checkpoints reset silver`, or `gold`), and from then on
-        every drain must be exact again."""
-        table = self.rng.choice(["silver", "quarantine", "gold"])
+        """Another application appends rows to bronze, silver, quarantine or gold (a hand-made backfill),
+        while a continuous run may be writing: Delta commits both, and the pipeline's commits stay whole.
+        The rows are copies of the table's own: as they are (bronze: records it holds twice, which silver
+        must keep once), with other coordinates (silver, quarantine) or windows years later (gold), and
+        flow downstream with the next run (silver's into gold and the egresses). Then both the oracle and
+        the audit must find the lakehouse wrong; the operator takes the way out the runbook gives for what
+        the audit reports (`checkpoints drop-bronze-copies`, `checkpoints reset silver`, or `gold`), and
+        from then on every drain must be exact again."""
+        table = self.rng.choice(["bronze", "silver", "quarantine", "gold"])
         if self.pending_refusals() or not self._has_rows(table):
             return self.drain()
         path = self._table(table)
@@ -961,6 +962,8 @@ class Nemesis:
             foreign = rows.withColumns(
                 {"window_start": col("window_start") + shift, "window_end": col("window_end") + shift}
             )
+        elif table == "bronze":
+            foreign = rows
         else:
             foreign = rows.withColumn("offset", col("offset") + FOREIGN_OFFSET)
         running = None
@@ -980,10 +983,12 @@ class Nemesis:
             self.report.anomalies["foreign_rows_not_found"] += 1
             self.report.findings.append(f"rows appended to {table}: oracle found {wrong or 'nothing'}, audit {verdict}")
         stream = "gold" if table == "gold" else "silver"
-        code, output = self._run(("checkpoints", "reset", stream, "--yes"), None)
-        self.expect_ok(f"checkpoints reset {stream}", code, output)
+        # Bronze holds the only copy of the raw records: its copies are dropped, then silver is reset.
+        way_out = ("drop-bronze-copies",) if table == "bronze" else ("reset", stream)
+        code, output = self._run(("checkpoints", *way_out, "--yes"), None)
+        self.expect_ok(f"checkpoints {' '.join(way_out)}", code, output)
         self._refusals_cleared(stream, downstream=True, reset=True)
-        way = f"audit {verdict}; checkpoints reset {stream} exit {code}"
+        way = f"audit {verdict}; checkpoints {' '.join(way_out)} exit {code}"
         return f"rows appended to {table}{' while a run wrote' if running else ''}: {way}"
 
     def retention(self) -> str:
