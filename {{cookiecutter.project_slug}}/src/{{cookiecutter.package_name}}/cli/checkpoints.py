@@ -71,6 +71,27 @@ def register(commands) -> None:
     )
 
 
+def confirmation(yes: bool, refusal: Callable[[], str], question: str, declined: str) -> ExitCode | None:
+    """None when a destructive command may go on: ``yes``, or a person typed 'yes' at ``question``.
+
+    Otherwise the exit code to return: not on a terminal nothing can ask, so ``refusal()`` is printed
+    (exit 3); a person who answers anything else gets ``declined`` (exit 1).
+
+    Example::
+
+        refused = confirmation(args.yes, lambda: "refusing ...", "This will delete ...\n", "nothing deleted")
+    """
+    if yes:
+        return None
+    if not sys.stdin.isatty():
+        print(refusal(), file=sys.stderr)
+        return ExitCode.REFUSED
+    if input(f"{question}Type 'yes' to go on: ").strip().lower() != "yes":
+        print(declined)
+        return ExitCode.FAILED
+    return None
+
+
 def list_checkpoints(config: Config, as_json: bool, spark) -> int:
     """Print each stream's checkpoint against its sink tables, its lease and the refusal a start would meet.
 
@@ -166,15 +187,15 @@ def reset_checkpoints(
         if rebuilt
         else ""
     )
-    if not yes:
-        if not sys.stdin.isatty():
-            target = f"{stream}{' --only' if only else ''}"
-            print(Refusal.RESET_UNCONFIRMED.message(stream, names=names, what=what, target=target), file=sys.stderr)
-            return ExitCode.REFUSED
-        answer = input(f"This will {what}.\nReset {names}? Type 'yes' to go on: ")
-        if answer.strip().lower() != "yes":
-            print("nothing reset")
-            return ExitCode.FAILED
+    target = f"{stream}{' --only' if only else ''}"
+    refused = confirmation(
+        yes,
+        lambda: Refusal.RESET_UNCONFIRMED.message(stream, names=names, what=what, target=target),
+        f"This will {what}.\nReset {names}? ",
+        "nothing reset",
+    )
+    if refused is not None:
+        return refused
     spark = make_spark()
     way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
@@ -220,14 +241,14 @@ def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object
                 return ExitCode.OK
             described = "; ".join(gap.describe() for gap in gaps)
             what = f"record {described} as lost on bronze and start bronze's checkpoint anew after them"
-            if not yes:
-                if not sys.stdin.isatty():
-                    print(Refusal.LOSS_UNCONFIRMED.message("bronze", what=what), file=sys.stderr)
-                    return ExitCode.REFUSED
-                answer = input(f"Kafka deleted records bronze never read.\nThis will {what}.\nType 'yes' to go on: ")
-                if answer.strip().lower() != "yes":
-                    print("nothing accepted")
-                    return ExitCode.FAILED
+            refused = confirmation(
+                yes,
+                lambda: Refusal.LOSS_UNCONFIRMED.message("bronze", what=what),
+                f"Kafka deleted records bronze never read.\nThis will {what}.\n",
+                "nothing accepted",
+            )
+            if refused is not None:
+                return refused
             retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_COMMAND)
             pipeline_streams.reset(spark, lakehouse, [STREAMS["bronze"]], config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
@@ -266,14 +287,14 @@ def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], objec
             reset = with_downstream("silver")
             names = ", ".join(each.name for each in reset)
             what = f"remove {copies.describe()} from bronze (the first copy of each stays) and reset {names}"
-            if not yes:
-                if not sys.stdin.isatty():
-                    print(Refusal.COPIES_UNCONFIRMED.message("bronze", what=what), file=sys.stderr)
-                    return ExitCode.REFUSED
-                answer = input(f"Bronze holds records more than once.\nThis will {what}.\nType 'yes' to go on: ")
-                if answer.strip().lower() != "yes":
-                    print("nothing dropped")
-                    return ExitCode.FAILED
+            refused = confirmation(
+                yes,
+                lambda: Refusal.COPIES_UNCONFIRMED.message("bronze", what=what),
+                f"Bronze holds records more than once.\nThis will {what}.\n",
+                "nothing dropped",
+            )
+            if refused is not None:
+                return refused
             mark = {REBUILDING_PROPERTY % "silver": str(uuid.uuid4())}
             for table in STREAMS["silver"].sinks:
                 set_properties(spark, lakehouse.table(table), mark)
