@@ -887,6 +887,8 @@ def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepte
 def test_copies_appended_to_bronze_fail_the_audit_until_dropped_and_silver_reset_then_each_record_is_held_once(
     spark, pipeline_env, capsys
 ):
+    assert main(["checkpoints", "drop-bronze-copies", "--yes"]) == 0, "no bronze yet: nothing to drop"
+    assert "nothing to drop" in capsys.readouterr().out
     first = produce_records(pipeline_env, 40, seed=21)
     assert main(["run", "--layer", "all", "--available-now"]) == 0
     bronze_path = Lakehouse(pipeline_env.lakehouse_root).table(BRONZE)

@@ -405,6 +405,8 @@ def drop_copies(spark: SparkSession, lakehouse: Lakehouse, copies: Copies | None
         drop_copies(spark, Lakehouse("/data/lake"), find_copies(spark, Lakehouse("/data/lake")))
     """
     path = lakehouse.table(BRONZE)
+    if latest_snapshot(spark, path).version() < 0:
+        return  # no bronze yet: nothing to keep append-only
     if copies is not None:
         if not isinstance(copies, Copies):
             raise TypeError("copies must be what find_copies returned")
