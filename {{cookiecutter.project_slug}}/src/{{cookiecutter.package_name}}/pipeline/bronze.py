@@ -34,6 +34,7 @@ from .delta.tables import (
     latest_snapshot,
     read_properties,
     set_properties,
+    sql_string,
     table_has_rows,
 )
 from .delta.writes import append_idempotent
@@ -347,11 +348,6 @@ def first_copies(bronze_rows: DataFrame) -> DataFrame:
     return bronze_rows.withColumn("_copy", F.row_number().over(first)).where(F.col("_copy") == 1).drop("_copy")
 
 
-def _literal(value: str) -> str:
-    # A Spark SQL string literal (backslash escapes), as table properties are written.
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 @dataclass(frozen=True)
 class Copies:
     """What ``find_copies`` found: the records bronze holds more than once, at one version."""
@@ -384,7 +380,7 @@ def find_copies(spark: SparkSession, lakehouse: Lakehouse) -> Copies | None:
     for row in repeated:
         by_partition.setdefault((row.topic, row.topic_id, row.partition), []).append(row.offset)
     where = " OR ".join(
-        f"(topic = {_literal(topic)} AND topic_id = {_literal(topic_id)} AND partition = {partition}"
+        f"(topic = {sql_string(topic)} AND topic_id = {sql_string(topic_id)} AND partition = {partition}"
         f" AND offset IN ({', '.join(str(offset) for offset in sorted(offsets))}))"
         for (topic, topic_id, partition), offsets in sorted(by_partition.items())
     )

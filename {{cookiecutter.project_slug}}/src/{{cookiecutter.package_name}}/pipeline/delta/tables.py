@@ -413,6 +413,16 @@ def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
     return json.loads(snapshot.metadata().json())["metaData"].get("configuration", {})
 
 
+def sql_string(value: str) -> str:
+    """``value`` as a Spark SQL string literal (quoted, backslash escapes).
+
+    Example::
+
+        sql_string("it's")  # "'it\\'s'"
+    """
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
     """Set several table properties in one Delta commit, so they change together or not at all.
 
@@ -422,8 +432,7 @@ def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -
     """
     if not properties:
         raise ValueError("properties must name at least one property")
-    quoted = {key: value.replace("\\", "\\\\").replace("'", "\\'") for key, value in properties.items()}
-    settings = ", ".join(f"'{key}' = '{value}'" for key, value in quoted.items())
+    settings = ", ".join(f"'{key}' = {sql_string(value)}" for key, value in properties.items())
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
 
 
