@@ -450,6 +450,10 @@ def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_re
     assert f"sink table {SILVER} at {silver_path} is at version" in refusal
     assert f"after batch {last_batch}, the last checkpoint" in refusal
     assert "checkpoints reset silver" in refusal
+    # Gold, started alone, has read silver past the version the copy is at, and names the same way out.
+    refusal = refused_run(capsys, "gold")
+    assert f"gold: the stream has read {SILVER} at {silver_path} up to version" in refusal
+    assert "was put back from an older copy or replaced" in refusal and "checkpoints reset silver" in refusal
 
     assert main(["checkpoints", "reset", "silver", "--yes"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0
@@ -458,6 +462,48 @@ def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_re
     assert {row.event_id for row in load(spark, pipeline_env, SILVER).select("event_id").collect()} == {
         event["event_id"] for event in events
     }
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(events)
+
+
+@pytest.mark.slow
+def test_a_source_restored_under_the_stream_reading_it_is_refused_until_its_writer_is_reset_which_is_exact(
+    spark, pipeline_env, capsys
+):
+    # Silver RESTOREd, then gold started alone: Spark's Delta source stops on the commit that removes rows
+    # (DELTA_SOURCE_IGNORE_DELETE). The start refuses first and names silver's reset; bronze under silver alike.
+    lakehouse = Lakehouse(pipeline_env.lakehouse_root)
+    records = produce_records(pipeline_env, 40, seed=8)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    bronze_before = DeltaTable.forPath(spark, lakehouse.table(BRONZE)).history(1).first()["version"]
+    silver_before = DeltaTable.forPath(spark, lakehouse.table(SILVER)).history(1).first()["version"]
+    records += produce_records(pipeline_env, 30, seed=9)
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    records += produce_records(pipeline_env, 20, seed=10)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    assert main(["run", "--layer", "silver", "--available-now"]) == 0
+    spark.sql(f"RESTORE TABLE delta.`{lakehouse.table(SILVER)}` TO VERSION AS OF {silver_before}").collect()
+
+    refusal = refused_run(capsys, "gold")
+    assert f"gold: {SILVER} at {lakehouse.table(SILVER)} has a commit that removes rows (version" in refusal
+    assert "RESTORE)" in refusal and "checkpoints reset silver" in refusal
+    assert main(["checkpoints", "list"]) == 0
+    assert "gold    source rewritten" in capsys.readouterr().out
+    assert main(["checkpoints", "reset", "silver", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+
+    spark.sql(f"RESTORE TABLE delta.`{lakehouse.table(BRONZE)}` TO VERSION AS OF {bronze_before}").collect()
+    records += produce_records(pipeline_env, 10, seed=11)
+    refusal = refused_run(capsys, "silver")
+    assert f"silver: {BRONZE} at {lakehouse.table(BRONZE)} has a commit that removes rows" in refusal
+    assert "checkpoints reset bronze" in refusal
+    # The way out: bronze reads again what the RESTORE took from it, silver and gold are rebuilt.
+    assert main(["checkpoints", "reset", "bronze", "--yes"]) == 0
+    assert main(["run", "--layer", "all", "--available-now"]) == 0
+    assert main(["audit"]) == 0
+    events = [json.loads(value) for _, value in records]
+    assert sorted(row.event_id for row in load(spark, pipeline_env, SILVER).select("event_id").collect()) == sorted(
+        event["event_id"] for event in events
+    )
     assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(events)
 
 

@@ -863,6 +863,39 @@ def test_an_egress_behind_changes_that_vacuum_removed_is_refused_until_a_reset_w
     assert_topic_is_gold(spark, config, out)
 
 
+def test_gold_put_back_behind_the_egress_is_refused_until_a_reset_which_is_exact(
+    spark, config, kafka_bootstrap, monkeypatch, capsys, tmp_path
+):
+    # Spark's Delta source fails on a version the table no longer reaches ("non-existent version"); the
+    # start refuses first and names the egress's reset.
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    cli_main = in_process_cli(monkeypatch, config, out)
+    tiny_gold(spark, gold_path(config), rows=4)
+    older = tmp_path / "gold-backup"
+    shutil.copytree(gold_path(config), older)
+    gold = DeltaTable.forPath(spark, gold_path(config))
+    gold.update("event_count = 2", {"event_count": "20"})
+    gold.delete("event_count = 1")
+    run(spark, config, EGRESS)
+    shutil.rmtree(gold_path(config))
+    shutil.copytree(older, gold_path(config))
+    before = fold(kafka_bootstrap, out, "read_committed")[0]
+    capsys.readouterr()
+
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert f"{EGRESS}: the stream has read {GOLD} at {gold_path(config)} up to version 3" in refusal
+    assert "the table is at version 1: gold was put back from an older copy or replaced" in refusal
+    assert f"checkpoints reset {EGRESS}" in refusal
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    # The way out: a new stream id publishes gold as it is; the rows the copy brought back are published again.
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    assert_topic_is_gold(spark, config, out)
+
+
 def test_gold_compacted_between_batches_publishes_nothing_and_the_topic_stays_gold(
     spark, config, kafka_bootstrap, gold_in_files
 ):

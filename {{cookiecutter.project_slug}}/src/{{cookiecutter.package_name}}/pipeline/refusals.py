@@ -208,6 +208,26 @@ class Refusal(Enum):
         "rebuild {rebuild}): its tables may hold rows of the rebuild and of before it.",
         way_out="{reset}: {rebuilds}.",
     )
+    SOURCE_BEHIND = Entry(
+        title="A source table put back behind the stream reading it",
+        status="source behind",
+        happened="the table a stream reads (bronze for silver, silver for gold) was replaced by an older copy of "
+        "its directory, or by another table",
+        found="the stream has read {source} at {path} up to version {read}, but {found}: the table was put back "
+        "from an older copy or replaced, and the stream would go on in another history than the one its tables "
+        "hold.",
+        way_out="{reset}, the reset of the stream that writes {source}: {rebuilds}.",
+    )
+    SOURCE_REWRITTEN = Entry(
+        title="A source table restored or rewritten under the stream reading it",
+        status="source rewritten",
+        happened="the table a stream reads (bronze for silver, silver for gold) was `RESTORE`d, or rows were "
+        "deleted, updated or overwritten in it, after the stream last read it",
+        found="{source} at {path} has a commit that removes rows (version {version}, {operation}) after version "
+        "{read}, up to which the stream has read it: the stream follows the table's appends only (Spark would "
+        "stop there), and what it took from the removed rows would stay in its tables.",
+        way_out="{reset}, the reset of the stream that writes {source}: {rebuilds}.",
+    )
     CONTRACT_CHANGED = Entry(
         title="Tables made for another event contract",
         happened="the event contract (`pipeline/contract.py`) changed on an existing lakehouse",
@@ -424,6 +444,17 @@ class Refusal(Enum):
         way_out="{reset}: a new stream id publishes gold's current rows whole and removes from the sink what gold "
         "no longer holds. So that it does not happen again, keep gold's VACUUM retention (and "
         "`delta.logRetentionDuration`) longer than an egress can be stopped.",
+    )
+    EGRESS_SOURCE_BEHIND = Entry(
+        title="Gold put back behind an egress",
+        egress=ANY_EGRESS,
+        happened="gold was replaced by an older copy of its directory, or by another table, after the egress "
+        "published its changes",
+        found="the stream has read {source} at {path} up to version {read}, but {found}: gold was put back from an "
+        "older copy or replaced, and publishing on would skip or repeat changes.",
+        way_out="{reset}: a new stream id publishes gold's current rows whole and removes from the sink what gold "
+        "no longer holds. When gold's own start refuses too, take its way out as well, in either order: the "
+        "egress publishes what gold's rebuild changes.",
     )
 
     @property

@@ -42,6 +42,7 @@ BRONZE = "bronze_events"
 SILVER = "silver_events"
 QUARANTINE = "quarantine_events"
 GOLD = "gold_event_windows"
+TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)
 
 # A record's identity: offsets restart at 0 in a topic created again, so its id is part of the key.
 KAFKA_KEY_COLUMNS = ["topic", "topic_id", "partition", "offset"]
@@ -149,7 +150,7 @@ def table_properties(name: str, contract: Contract = EVENTS) -> dict[str, str]:
     dedup MERGE prunes on, bronze's Kafka coordinates and times, silver's event time
     for readers. Gold keeps them all: it has few columns.
     """
-    if name not in (BRONZE, SILVER, QUARANTINE, GOLD):
+    if name not in TABLES:
         raise ValueError(f"name must be one of the lakehouse tables, not {name!r}")
     properties = {"delta.appendOnly": "true"} if name in APPEND_ONLY else {}
     stats = {
@@ -171,6 +172,10 @@ class Stream:
     # An aggregating sink cannot absorb a replay from scratch: a lost checkpoint
     # must not restart it, and a reset empties it so it is rebuilt from its source.
     rebuilt_from_source: bool = False
+    # Reads its source table's change feed (an egress): rows updated or removed there are changes it
+    # passes on. The others follow their source's appends only, and a commit there that removes rows
+    # stops them.
+    reads_changes: bool = False
 
 
 STREAMS = {
@@ -189,6 +194,19 @@ WHOLE_VERSIONS = str(2**31 - 1)
 
 def with_downstream(stream: str) -> list[Stream]:
     return [STREAMS[name] for name in (stream, *STREAMS[stream].downstream)]
+
+
+def writer_of(table: str) -> Stream:
+    """The stream that writes the lakehouse table ``table``.
+
+    Example::
+
+        writer_of(SILVER).name  # "silver"
+    """
+    for stream in STREAMS.values():
+        if table in stream.sinks:
+            return stream
+    raise ValueError(f"table must be one of the lakehouse tables, not {table!r}")
 
 
 @dataclass(frozen=True)
@@ -296,16 +314,66 @@ def change_feed_files(spark: SparkSession, path: str, version: int) -> list[str]
     """
     if version < 0:
         raise ValueError(f"version must be at least 0, got {version}")
-    text = files.read_text(spark, f"{path}/_delta_log/{version:020d}.json")
-    if text is None:
+    actions = commit_actions(spark, path, version)
+    if actions is None:
         return None
-    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [action["cdc"]["path"] for action in actions if "cdc" in action] or [
         action[kind]["path"]
         for action in actions
         for kind in ("add", "remove")
         if kind in action and action[kind].get("dataChange", True)
     ]
+
+
+def commit_actions(spark: SparkSession, path: str, version: int) -> list[dict] | None:
+    """The actions of the table's commit ``version``, as its log file holds them (each a one-key dict:
+    ``add``, ``remove``, ``commitInfo``...); None when that file is gone (the log's clean-up).
+
+    Read straight from the file: Delta's own readers of one commit run a Spark job for it.
+
+    Example::
+
+        commit_actions(spark, "/data/lake/tables/silver_events", 18)[0]  # {"commitInfo": {"operation": "MERGE", ...}}
+    """
+    if not path:
+        raise ValueError("path must be a Delta table's directory")
+    if version < 0:
+        raise ValueError(f"version must be at least 0, got {version}")
+    text = files.read_text(spark, f"{path}/_delta_log/{version:020d}.json")
+    if text is None:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class RemovingCommit:
+    version: int
+    operation: str  # as the commit recorded it: RESTORE, DELETE, WRITE (an overwrite)...
+
+
+def first_removing_commit(spark: SparkSession, path: str, first: int, last: int) -> RemovingCommit | None:
+    """The first commit from version ``first`` to ``last`` that removes rows from the table at ``path``.
+
+    A commit removes rows when it removes a file as a change of data: RESTORE, DELETE, UPDATE, a MERGE
+    that updates, an overwrite. OPTIMIZE removes files too, but marks them as no change of data. This
+    is what a stream reading the table without its change feed cannot go past: Spark stops it there
+    (DELTA_SOURCE_IGNORE_DELETE, DELTA_SOURCE_TABLE_IGNORE_CHANGES). A version whose commit file the
+    log's clean-up removed ends the search (None from there on).
+
+    Example::
+
+        first_removing_commit(spark, "/data/lake/tables/silver_events", 18, 25)  # RemovingCommit(19, "RESTORE")
+    """
+    if first < 0 or last < first - 1:
+        raise ValueError(f"first must be a version and last at least first - 1, got {first} and {last}")
+    for version in range(first, last + 1):
+        actions = commit_actions(spark, path, version)
+        if actions is None:
+            return None
+        if any("remove" in action and action["remove"].get("dataChange", True) for action in actions):
+            info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+            return RemovingCommit(version, str(info.get("operation") or "unknown"))
+    return None
 
 
 def _enable_change_feed(spark: SparkSession, path: str) -> None:

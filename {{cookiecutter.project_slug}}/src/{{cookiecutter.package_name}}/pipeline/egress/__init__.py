@@ -183,4 +183,4 @@ def stream(name: str):
 
     if name not in installed():
         raise ValueError(f"name must be an egress stream of this project ({', '.join(installed()) or 'none'})")
-    return Stream(name, GOLD, sinks=(), downstream=())
+    return Stream(name, GOLD, sinks=(), downstream=(), reads_changes=True)

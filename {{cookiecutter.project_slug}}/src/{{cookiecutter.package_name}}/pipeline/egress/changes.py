@@ -16,7 +16,6 @@ lifted: a backlog of many versions makes one large batch instead.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
@@ -25,7 +24,13 @@ from pyspark.sql import functions as F
 from ..contract import EVENTS, Contract
 from ..delta import files
 from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, change_feed_files, latest_snapshot
-from ..recovery.checkpoints import CheckpointError, committed_offsets
+from ..recovery.checkpoints import (
+    CheckpointError,
+    history_gone,
+    last_committed_batch,
+    last_planned_batch,
+    source_position,
+)
 from ..refusals import Refusal
 from . import GOLD_VERSION
 
@@ -56,10 +61,13 @@ def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
 def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> None:
     """Refuse (CheckpointError) to start egress ``stream`` when gold's changes it has yet to publish are gone.
 
-    VACUUM removes the change-data and data files of old gold versions, and the log's cleanup
-    their log entries; an egress that stood still longer than those retentions would fail on
-    them halfway through a batch. From the version after its last committed batch to gold's
-    latest, each version's log entry and the files its changes are read from must still be there.
+    Gone in two ways. Gold put back from an older copy (or replaced) no longer reaches the version
+    the egress has read: going on, it would skip changes, or publish other versions under the same
+    numbers once gold has caught up. VACUUM removes the change-data and data files of old gold
+    versions, and the log's cleanup their log entries: an egress that stood still longer than those
+    retentions would fail on them halfway through a batch. So gold must reach the version the last
+    planned batch ends at, and from the version after the last committed batch to gold's latest,
+    each version's log entry and the files its changes are read from must still be there.
 
     Example::
 
@@ -67,14 +75,25 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     """
     if not stream:
         raise ValueError("stream must name the egress stream, e.g. 'kafka_egress'")
-    offsets = committed_offsets(spark, lakehouse.checkpoint(stream))
-    if offsets is None:
-        return  # a new stream id starts from gold's current snapshot
-    position = json.loads(offsets)
-    # An offset names the next version to read, or (reading a starting snapshot) the snapshot's.
-    first = int(position["reservoirVersion"]) + (1 if position.get("isStartingVersion") else 0)
+    checkpoint = lakehouse.checkpoint(stream)
     gold = lakehouse.table(GOLD)
-    for version in range(first, latest_snapshot(spark, gold).version() + 1):
+    snapshot = latest_snapshot(spark, gold)
+    planned = last_planned_batch(spark, checkpoint)
+    reaches = None if planned is None else source_position(spark, checkpoint, planned)
+    if reaches is None:
+        return  # a new stream id starts from gold's current snapshot
+    version = snapshot.version() if snapshot.version() >= 0 else None
+    gone = history_gone(version, None if version is None else snapshot.metadata().id(), reaches)
+    if gone is not None:
+        raise CheckpointError(
+            Refusal.EGRESS_SOURCE_BEHIND.message(stream, source=GOLD, path=gold, read=reaches.newest_read, found=gone)
+        )
+    committed = last_committed_batch(spark, checkpoint)
+    position = None if committed is None else source_position(spark, checkpoint, committed)
+    if position is None:
+        return  # batch 0 is replayed from the snapshot it started at
+    first = position.first_unread_commit
+    for version in range(first, snapshot.version() + 1):
         missing = _missing_change_file(spark, gold, version)
         if missing is not None:
             raise CheckpointError(

@@ -39,6 +39,21 @@ below that. Refused, with the way out:
 * ``delta.setTransactionRetentionDuration`` set on a sink: Delta would forget the
   txns and a late replay would be written twice.
 
+Last, a stream that reads a Delta table's appends (silver reads bronze, gold
+silver) is compared with that table. Its offset log holds where it stands in the
+table: the table's id and a version. Refused, with the way out:
+
+* the table no longer reaches the version the stream has read, or is another
+  table (put back from an older copy, or replaced): the stream would go on in a
+  history other than the one it read (Spark stops on a version that is gone, and
+  says nothing once the table has caught up with the version again);
+* a commit after the stream's position removes rows (RESTORE, DELETE, an
+  overwrite): Spark would stop there, and what the stream took from those rows
+  stays in its tables.
+
+An egress reads gold's change feed, in which removed rows are changes to publish;
+its own start checks the first case (egress/changes.py).
+
 Checkpoint files are reached through Hadoop's FileSystem so the same code works
 for local paths, HDFS and object stores. One process per stream is enforced by
 a lease beside the checkpoint (lease.py).
@@ -56,7 +71,20 @@ from enum import Enum
 from pyspark.sql import SparkSession
 
 from ..delta import files
-from ..delta.tables import BRONZE, Lakehouse, Stream, read_properties, set_properties, table_exists, unset_property
+from ..delta.tables import (
+    BRONZE,
+    TABLES,
+    Lakehouse,
+    RemovingCommit,
+    Stream,
+    first_removing_commit,
+    latest_snapshot,
+    read_properties,
+    set_properties,
+    table_exists,
+    unset_property,
+    writer_of,
+)
 from ..delta.writes import fence_app_id
 from ..refusals import Refusal
 from .sink_progress import (
@@ -100,6 +128,45 @@ class Status(Enum):
     TABLE_RESTORED = "table restored"
     TXN_RETENTION_SET = "txn retention set"
     REBUILD_CUT_SHORT = "rebuild cut short"
+    SOURCE_BEHIND = "source behind"
+    SOURCE_REWRITTEN = "source rewritten"
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """Where a stream stands in the Delta table it reads: an offset of Delta's source, as the offset log holds it.
+
+    ``index`` is the last file of ``version`` the stream has read (-1: none of it yet); ``starting`` says
+    the stream is still reading the table's snapshot at ``version`` (a new stream's first batches).
+    """
+
+    table_id: str | None  # None: not known (where a rebuild's new stream starts, before its first batch)
+    version: int
+    index: int
+    starting: bool
+
+    @property
+    def first_unread_commit(self) -> int:
+        """The first version whose commit the stream reads next as a change (a snapshot is read whole)."""
+        return self.version + 1 if self.starting else self.version
+
+    @property
+    def newest_read(self) -> int:
+        """The newest version the stream has read (some of): the table must still reach it."""
+        return self.version if self.starting or self.index >= 0 else self.version - 1
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """The Delta table a stream reads, as it is now, and where the stream stands in it."""
+
+    table: str
+    path: str
+    version: int | None  # the table's version; None: no table
+    table_id: str | None
+    resumes_from: SourcePosition  # where the next batch starts (the last planned batch is replayed from here)
+    reaches: SourcePosition  # where the last planned batch ends
+    removing: RemovingCommit | None  # the first commit from ``resumes_from`` on that removes rows, if looked for
 
 
 @dataclass(frozen=True)
@@ -111,6 +178,7 @@ class StreamState:
     last_committed: int | None  # newest commit-log entry
     sinks: dict[str, SinkProgress]
     recorded_versions: dict[str, int]  # each sink table's version after the last committed batch
+    source: SourceState | None = None  # for a stream that reads a Delta table and has planned a batch
 
     @property
     def last_batch(self) -> int | None:
@@ -216,10 +284,41 @@ class StreamState:
                     checkpoint=checkpoint,
                     progress=progress,
                 )
+        source_refused = self._source_diagnosis()
+        if source_refused is not None:
+            return source_refused
         planned_written = any(sink.txn_batch == self.last_planned for sink in self.sinks.values())
         if self.last_planned is not None and self.last_planned != self.last_committed and planned_written:
             return Status.REPLAY_PENDING, None
         return (Status.OK if self.last_planned is not None or self.last_committed is not None else Status.NEW), None
+
+    def _source_diagnosis(self) -> tuple[Status, str] | None:
+        source = self.source
+        if source is None:
+            return None
+        read = source.reaches
+        # The way out rebuilds the source table from the layer below it, and the stream from the source.
+        found = history_gone(source.version, source.table_id, read)
+        if found is not None:
+            return Status.SOURCE_BEHIND, Refusal.SOURCE_BEHIND.message(
+                self.stream,
+                stream=writer_of(source.table).name,
+                source=source.table,
+                path=source.path,
+                read=read.newest_read,
+                found=found,
+            )
+        if source.removing is not None:
+            return Status.SOURCE_REWRITTEN, Refusal.SOURCE_REWRITTEN.message(
+                self.stream,
+                stream=writer_of(source.table).name,
+                source=source.table,
+                path=source.path,
+                version=source.removing.version,
+                operation=source.removing.operation,
+                read=source.resumes_from.first_unread_commit - 1,
+            )
+        return None
 
 
 def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> StreamState:
@@ -236,14 +335,87 @@ def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Stream
         name: read_sink_progress(spark, name, lakehouse.table(name), stream.name, stream_id) for name in stream.sinks
     }
     last_committed = last_committed_batch(spark, checkpoint)
+    last_planned = last_planned_batch(spark, checkpoint)
     return StreamState(
         stream=stream.name,
         checkpoint=checkpoint,
         stream_id=stream_id,
-        last_planned=last_planned_batch(spark, checkpoint),
+        last_planned=last_planned,
         last_committed=last_committed,
         sinks=sinks,
         recorded_versions=recorded_sink_versions(spark, checkpoint, last_committed),
+        source=(
+            None
+            if stream_id is None or stream.source not in TABLES or stream.reads_changes
+            else _source_state(spark, lakehouse, stream, sinks, last_planned, last_committed)
+        ),
+    )
+
+
+def history_gone(version: int | None, table_id: str | None, read: SourcePosition) -> str | None:
+    """What shows that a table (at ``version``, of id ``table_id``; None: no table) no longer has the history a
+    stream read from it up to ``read``: put back from an older copy, or replaced. None when it has.
+
+    Example::
+
+        history_gone(20, "62604cb2-...", SourcePosition("62604cb2-...", 30, -1, False))  # "the table is at version 20"
+    """
+    if not isinstance(read, SourcePosition):
+        raise TypeError(f"read must be a SourcePosition, not {type(read).__name__}")
+    if version is None:
+        return "there is no table"
+    if read.table_id is not None and table_id != read.table_id:
+        return f"the table there is another one (id {table_id}, where the stream read id {read.table_id})"
+    if version < read.newest_read:
+        return f"the table is at version {version}"
+    return None
+
+
+def _source_state(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    stream: Stream,
+    sinks: dict[str, SinkProgress],
+    last_planned: int | None,
+    last_committed: int | None,
+) -> SourceState | None:
+    checkpoint = lakehouse.checkpoint(stream.name)
+    reaches = None if last_planned is None else source_position(spark, checkpoint, last_planned)
+    start = next((sink.rebuild_start for sink in sinks.values() if sink.rebuild_start is not None), None)
+    if reaches is None and start is not None:
+        # A rebuild's new stream before its first batch: the rebuild read the source up to start - 1.
+        reaches = SourcePosition(table_id=None, version=start, index=-1, starting=False)
+    if reaches is None:
+        return None  # nothing planned yet (or an offset log Spark already cleaned): nothing read
+    # Before its first committed batch, the stream replays batch 0 from where it began: reaches' snapshot.
+    resumes = (None if last_committed is None else source_position(spark, checkpoint, last_committed)) or reaches
+    path = lakehouse.table(stream.source)
+    snapshot = latest_snapshot(spark, path)
+    version = snapshot.version() if snapshot.version() >= 0 else None
+    table_id = None if version is None else snapshot.metadata().id()
+    removing = None
+    if history_gone(version, table_id, reaches) is None:
+        removing = first_removing_commit(spark, path, resumes.first_unread_commit, version)
+    return SourceState(stream.source, path, version, table_id, resumes, reaches, removing)
+
+
+def source_position(spark: SparkSession, checkpoint: str, batch: int) -> SourcePosition | None:
+    """Where batch ``batch`` of a stream reading a Delta table ends in that table; None once the offset log
+    no longer holds the batch.
+
+    Example::
+
+        source_position(spark, "/data/lake/checkpoints/gold", 41)  # SourcePosition("62604cb2-...", 63, -1, False)
+    """
+    offsets = batch_offsets(spark, checkpoint, batch)
+    if offsets is None:
+        return None
+    offset = json.loads(offsets)
+    return SourcePosition(
+        table_id=offset["reservoirId"],
+        version=int(offset["reservoirVersion"]),
+        index=int(offset["index"]),
+        starting=bool(offset.get("isStartingVersion")),
     )
 
 

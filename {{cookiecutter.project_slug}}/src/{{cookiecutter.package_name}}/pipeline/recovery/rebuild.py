@@ -52,9 +52,8 @@ from ..delta.tables import (
 )
 from . import checkpoints
 from .crash_points import BETWEEN_SINK_COMMITS, reach
-from .sink_progress import IDENTITY_PROPERTY, REBUILDING_PROPERTY
+from .sink_progress import IDENTITY_PROPERTY, REBUILDING_PROPERTY, START_PROPERTY, recorded_start
 
-START_PROPERTY = "lakehouse.%s.start"
 # What a layer gives a rebuild: each table's new rows from the source's, and what it cached to
 # compute them (unpersisted once every table is written), or None.
 RowsBuilder = Callable[[DataFrame], tuple[dict[str, DataFrame], DataFrame | None]]
@@ -85,11 +84,7 @@ def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: str, str
         raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
     if not stream_id:
         raise ValueError("stream_id must be the stream's id")
-    start = read_properties(spark, lakehouse.table(STREAMS[stream].sinks[0])).get(START_PROPERTY % stream)
-    if start is None:
-        return None
-    recorded = json.loads(start)
-    return recorded["source_version"] if recorded["stream_id"] == stream_id else None
+    return recorded_start(read_properties(spark, lakehouse.table(STREAMS[stream].sinks[0])), stream, stream_id)
 
 
 def rebuilt_by_reset(streams: list[Stream]) -> list[str]:

@@ -29,6 +29,8 @@ from ..spark import java_class
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 # Set on a stream's tables while a reset rebuilds them (rebuild.py): a start that finds it refuses.
 REBUILDING_PROPERTY = "lakehouse.stream.%s.rebuilding"
+# Set by a rebuild on the first of the stream's tables: the source version its new stream starts at.
+START_PROPERTY = "lakehouse.%s.start"
 # Delta drops (appId, version) records older than this when it is set, and a
 # replay older than that is written again: idempotence silently ends.
 TXN_RETENTION_PROPERTY = "delta.setTransactionRetentionDuration"
@@ -64,6 +66,9 @@ class SinkProgress:
     txn_retention: str | None
     undone_by: Restore | None
     rebuilding: str | None = None  # the stream id of a rebuild that did not finish
+    # The source version the stream starts at, when a rebuild made the stream (before its first batch,
+    # the only record of where it stands in its source)
+    rebuild_start: int | None = None
 
 
 def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, stream_id: str | None) -> SinkProgress:
@@ -98,7 +103,27 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
             else _restore_undoing(spark, delta_log, path, snapshot.version(), stream_id, last_updated_ms)
         ),
         rebuilding=_option(properties.get(REBUILDING_PROPERTY % stream)),
+        rebuild_start=recorded_start(
+            {START_PROPERTY % stream: _option(properties.get(START_PROPERTY % stream))}, stream, stream_id
+        ),
     )
+
+
+def recorded_start(properties: dict[str, str | None], stream: str, stream_id: str | None) -> int | None:
+    """The source version a rebuild recorded in a table's ``properties`` for stream ``stream_id`` to start at;
+    None when there is none for that id (the property names another stream id: an older rebuild's).
+
+    Example::
+
+        recorded_start(read_properties(spark, silver_path), "silver", prepared.stream_id)  # 42
+    """
+    if not stream:
+        raise ValueError("stream must name the stream, e.g. 'gold'")
+    start = properties.get(START_PROPERTY % stream)
+    if start is None or stream_id is None:
+        return None
+    recorded = json.loads(start)
+    return recorded["source_version"] if recorded["stream_id"] == stream_id else None
 
 
 def record_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int, tables: dict[str, str]) -> None:
