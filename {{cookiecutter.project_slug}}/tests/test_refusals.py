@@ -9,7 +9,9 @@ import {{ cookiecutter.package_name }}
 from {{ cookiecutter.package_name }}.devtools.nemesis import (
     CHECKPOINT_LOST,
     MISMATCH,
+    SOURCE_BEHIND,
     SOURCE_LOST,
+    SOURCE_REWRITTEN,
     TABLE_AHEAD,
     refusals_found,
     way_out_of,
@@ -66,6 +68,9 @@ def test_a_refusal_rendered_without_a_fact_it_needs_fails_loudly():
         (Refusal.TABLE_AHEAD, TABLE_AHEAD, "checkpoints reset gold"),
         (Refusal.MISMATCH, MISMATCH, "checkpoints reset gold"),
         (Refusal.SOURCE_RECORDS_LOST, SOURCE_LOST, "checkpoints accept-loss"),
+        (Refusal.SOURCE_BEHIND, SOURCE_BEHIND, "checkpoints reset gold"),
+        (Refusal.SOURCE_REWRITTEN, SOURCE_REWRITTEN, "checkpoints reset gold"),
+        (Refusal.EGRESS_SOURCE_BEHIND, SOURCE_BEHIND, "checkpoints reset gold"),
     ],
 )
 def test_the_nemesis_recognises_each_refusal_it_predicts_and_takes_the_way_out_it_names(refusal, kind, way_out):

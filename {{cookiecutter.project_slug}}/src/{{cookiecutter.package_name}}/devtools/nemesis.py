@@ -162,6 +162,8 @@ MARKER_AHEAD = "the Kafka egress's checkpoint behind its topic"
 MARKER_LOST = "the Kafka egress's marker lost"
 MARKER_MISMATCH = "the PostgreSQL egress's checkpoint and marker row disagree"
 MARKER_MOVED = "the PostgreSQL egress's marker row changed"
+SOURCE_BEHIND = "a source table put back behind the stream reading it"
+SOURCE_REWRITTEN = "a source table restored or rewritten under the stream reading it"
 FOUND = {
     CHECKPOINT_LOST: "is missing while",
     TABLE_AHEAD: "has committed batch",
@@ -177,6 +179,8 @@ FOUND = {
     MARKER_LOST: "the topic may lack batches the stream published",
     MARKER_MISMATCH: " records batch ",
     MARKER_MOVED: "does not hold the batches before this one",
+    SOURCE_BEHIND: "was put back from an older copy or replaced",
+    SOURCE_REWRITTEN: "has a commit that removes rows",
 }
 REFUSED = 3
 # The command a refusal's way out names, after the console script (one word, or `python -m <package>`):
@@ -877,7 +881,8 @@ class Nemesis:
         """A table put back to an older state, as an operator's mistake or a restore from backup does: its
         directory replaced by the older copy ``snapshot`` made, or Delta's ``RESTORE`` to the version that
         copy was at. The stream writing it must refuse to resume over it (its checkpoint has batches the
-        table lost); the streams reading it may meet that, or a refusal of their own."""
+        table lost); the streams below it may meet that, and the one reading the table a refusal of its
+        own: the table behind what it read, or a RESTORE's removed rows after it."""
         table = self.rng.choice(sorted(self.table_copies))
         copy, version = self.table_copies.pop(table)
         path = self._table(table)
@@ -893,10 +898,15 @@ class Nemesis:
                 return f"RESTORE {table} to version {version} failed: {str(error).splitlines()[0][:120]}"
         owner = "silver" if table == "quarantine" else table
         kinds = {TABLE_AHEAD, MISMATCH, BATCHES_MISSING, VERSION_BEHIND, TABLE_RESTORED}
+        egresses = set(self.streams[len(STREAMS) :])
+        readers = {"bronze": {"silver"}, "silver": {"gold"}, "gold": egresses}.get(table, set())
         for stream in self._downstream(owner):
             # Whether the table lost a batch of its stream (and not only maintenance commits) is not
             # known here: a refusal may come, or not; the oracle judges what the way out leaves.
-            self.expect(stream, kinds | ({MARKER_MOVED, MARKER_LOST} if stream not in STREAMS else set()), False)
+            egress = {MARKER_MOVED, MARKER_LOST} if stream in egresses else set()
+            # An egress reads gold's change feed, in which a RESTORE's removed rows are changes.
+            reading = {SOURCE_BEHIND} | ({SOURCE_REWRITTEN} if stream in STREAMS else set())
+            self.expect(stream, kinds | egress | (reading if stream in readers else set()), False)
         at = f"version {now}" if now is not None else "no table"
         return f"{table} put back from {at} to version {version} ({'its older copy' if how == 'copy' else how})"
 
