@@ -62,8 +62,8 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     """Refuse (CheckpointError) to start egress ``stream`` when gold's changes it has yet to publish are gone.
 
     Gone in two ways. Gold put back from an older copy (or replaced) no longer reaches the version
-    the egress has read: going on, it would skip changes, or publish other versions under the same
-    numbers once gold has caught up. VACUUM removes the change-data and data files of old gold
+    the egress has read: Spark would stop on the version that is gone, and the changes the copy
+    undid would never be published. VACUUM removes the change-data and data files of old gold
     versions, and the log's cleanup their log entries: an egress that stood still longer than those
     retentions would fail on them halfway through a batch. So gold must reach the version the last
     planned batch ends at, and from the version after the last committed batch to gold's latest,

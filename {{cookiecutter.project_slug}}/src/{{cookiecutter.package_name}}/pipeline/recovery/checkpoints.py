@@ -178,7 +178,8 @@ class StreamState:
     last_committed: int | None  # newest commit-log entry
     sinks: dict[str, SinkProgress]
     recorded_versions: dict[str, int]  # each sink table's version after the last committed batch
-    source: SourceState | None = None  # for a stream that reads a Delta table and has planned a batch
+    # For a stream that reads a Delta table's appends and has a position in it (a planned batch, a rebuild's start)
+    source: SourceState | None = None
 
     @property
     def last_batch(self) -> int | None:
