@@ -45,8 +45,11 @@ table: the table's id and a version. Refused, with the way out:
 
 * the table no longer reaches the version the stream has read, or is another
   table (put back from an older copy, or replaced): the stream would go on in a
-  history other than the one it read (Spark stops on a version that is gone, and
-  says nothing once the table has caught up with the version again);
+  history other than the one it read (Spark stops on a version that is gone). Not
+  seen: a table put back that has caught up with that version again before the
+  stream starts (the offset log records a version number, nothing of its commit);
+  the table's own stream refuses to write it until it is reset, which makes that
+  rare;
 * a commit after the stream's position removes rows (RESTORE, DELETE, an
   overwrite): Spark would stop there, and what the stream took from those rows
   stays in its tables.
