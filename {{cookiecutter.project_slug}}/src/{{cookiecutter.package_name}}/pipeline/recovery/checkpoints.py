@@ -165,10 +165,9 @@ class SourceState:
 
     table: str
     path: str
-    version: int | None  # the table's version; None: no table
-    table_id: str | None
     resumes_from: SourcePosition  # where the next batch starts (the last planned batch is replayed from here)
-    reaches: SourcePosition  # where the last planned batch ends
+    reaches: SourcePosition  # where the last planned batch ends (or, before a rebuild's first batch, its start)
+    gone: str | None  # what shows the table no longer has the history read up to ``reaches`` (history_gone)
     removing: RemovingCommit | None  # the first commit from ``resumes_from`` on that removes rows, if looked for
 
 
@@ -300,17 +299,15 @@ class StreamState:
         source = self.source
         if source is None:
             return None
-        read = source.reaches
         # The way out rebuilds the source table from the layer below it, and the stream from the source.
-        found = history_gone(source.version, source.table_id, read)
-        if found is not None:
+        if source.gone is not None:
             return Status.SOURCE_BEHIND, Refusal.SOURCE_BEHIND.message(
                 self.stream,
                 stream=writer_of(source.table).name,
                 source=source.table,
                 path=source.path,
-                read=read.newest_read,
-                found=found,
+                read=source.reaches.newest_read,
+                found=source.gone,
             )
         if source.removing is not None:
             return Status.SOURCE_REWRITTEN, Refusal.SOURCE_REWRITTEN.message(
@@ -397,10 +394,9 @@ def _source_state(
     snapshot = latest_snapshot(spark, path)
     version = snapshot.version() if snapshot.version() >= 0 else None
     table_id = None if version is None else snapshot.metadata().id()
-    removing = None
-    if history_gone(version, table_id, reaches) is None:
-        removing = first_removing_commit(spark, path, resumes.first_unread_commit, version)
-    return SourceState(stream.source, path, version, table_id, resumes, reaches, removing)
+    gone = history_gone(version, table_id, reaches)
+    removing = None if gone is not None else first_removing_commit(spark, path, resumes.first_unread_commit, version)
+    return SourceState(stream.source, path, resumes, reaches, gone, removing)
 
 
 def source_position(spark: SparkSession, checkpoint: str, batch: int) -> SourcePosition | None:

@@ -84,7 +84,8 @@ def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: str, str
         raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
     if not stream_id:
         raise ValueError("stream_id must be the stream's id")
-    return recorded_start(read_properties(spark, lakehouse.table(STREAMS[stream].sinks[0])), stream, stream_id)
+    properties = read_properties(spark, lakehouse.table(STREAMS[stream].sinks[0]))
+    return recorded_start(properties.get(START_PROPERTY % stream), stream_id)
 
 
 def rebuilt_by_reset(streams: list[Stream]) -> list[str]:

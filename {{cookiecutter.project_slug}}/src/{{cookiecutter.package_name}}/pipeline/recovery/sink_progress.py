@@ -103,23 +103,18 @@ def read_sink_progress(spark: SparkSession, name: str, path: str, stream: str, s
             else _restore_undoing(spark, delta_log, path, snapshot.version(), stream_id, last_updated_ms)
         ),
         rebuilding=_option(properties.get(REBUILDING_PROPERTY % stream)),
-        rebuild_start=recorded_start(
-            {START_PROPERTY % stream: _option(properties.get(START_PROPERTY % stream))}, stream, stream_id
-        ),
+        rebuild_start=recorded_start(_option(properties.get(START_PROPERTY % stream)), stream_id),
     )
 
 
-def recorded_start(properties: dict[str, str | None], stream: str, stream_id: str | None) -> int | None:
-    """The source version a rebuild recorded in a table's ``properties`` for stream ``stream_id`` to start at;
-    None when there is none for that id (the property names another stream id: an older rebuild's).
+def recorded_start(start: str | None, stream_id: str | None) -> int | None:
+    """The source version stream ``stream_id`` starts at, from a rebuild's ``START_PROPERTY`` value ``start``;
+    None without one, or when it names another stream id (an older rebuild's).
 
     Example::
 
-        recorded_start(read_properties(spark, silver_path), "silver", prepared.stream_id)  # 42
+        recorded_start(read_properties(spark, silver_path).get(START_PROPERTY % "silver"), stream_id)  # 42
     """
-    if not stream:
-        raise ValueError("stream must name the stream, e.g. 'gold'")
-    start = properties.get(START_PROPERTY % stream)
     if start is None or stream_id is None:
         return None
     recorded = json.loads(start)
