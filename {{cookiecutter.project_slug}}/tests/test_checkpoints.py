@@ -430,16 +430,19 @@ def test_gold_restored_to_an_older_version_is_refused_until_reset_which_is_exact
 
 
 @pytest.mark.slow
-def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_reset_which_is_exact(
+def test_silver_put_back_from_an_older_copy_is_refused_even_once_written_again_until_reset_which_is_exact(
     spark, pipeline_env, capsys, tmp_path
 ):
     # Silver and quarantine are left alone by a batch with nothing for them: their Delta txn cannot
     # tell an older copy from a table the last batches did not touch; the versions recorded can.
     records = produce_records(pipeline_env, 40, seed=6)
     assert main(["run", "--layer", "all", "--available-now"]) == 0
-    silver_path = Path(Lakehouse(pipeline_env.lakehouse_root).table(SILVER))
+    lakehouse = Lakehouse(pipeline_env.lakehouse_root)
+    silver_path = Path(lakehouse.table(SILVER))
     old_copy = tmp_path / "silver-backup"
     shutil.copytree(silver_path, old_copy)
+    shutil.copytree(lakehouse.table(QUARANTINE), tmp_path / "quarantine-backup")
+    shutil.copytree(checkpoint(pipeline_env, "silver"), tmp_path / "silver-checkpoint-backup")
     records += produce_records(pipeline_env, 30, seed=7)
     assert main(["run", "--layer", "all", "--available-now"]) == 0
     last_batch = newest(checkpoint(pipeline_env, "silver") / "commits")
@@ -454,6 +457,21 @@ def test_silver_put_back_from_an_older_copy_of_its_directory_is_refused_until_re
     refusal = refused_run(capsys, "gold")
     assert f"gold: the stream has read {SILVER} at {silver_path} up to version" in refusal
     assert "was put back from an older copy or replaced" in refusal and "checkpoints reset silver" in refusal
+
+    # Silver's checkpoint and quarantine put back too: silver resumes from the copies and writes, with
+    # more records, the versions gold has read once more. Gold would go on after rows it never read.
+    put_back = {"quarantine": lakehouse.table(QUARANTINE), "silver-checkpoint": checkpoint(pipeline_env, "silver")}
+    for name, path in put_back.items():
+        shutil.rmtree(path)
+        shutil.copytree(tmp_path / f"{name}-backup", path)
+    time.sleep(checkpoints.REWRITE_TOLERANCE_MS / 1000)
+    records += produce_records(pipeline_env, 10, seed=11)
+    assert main(["run", "--layer", "bronze", "--available-now"]) == 0
+    assert main(["run", "--layer", "silver", "--available-now"]) == 0
+    refusal = refused_run(capsys, "gold")
+    assert f"gold: the stream has read {SILVER} at {silver_path} up to version" in refusal
+    assert "was committed at" in refusal and "after the stream read it" in refusal
+    assert "checkpoints reset silver" in refusal
 
     assert main(["checkpoints", "reset", "silver", "--yes"]) == 0
     assert main(["run", "--layer", "all", "--available-now"]) == 0

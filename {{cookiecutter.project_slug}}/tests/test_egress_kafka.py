@@ -41,7 +41,7 @@ from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_reco
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import EgressError, KafkaEgress, KafkaEgressSettings, settings
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, describe_topic
-from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import REWRITE_TOLERANCE_MS, CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
 
@@ -863,11 +863,12 @@ def test_an_egress_behind_changes_that_vacuum_removed_is_refused_until_a_reset_w
     assert_topic_is_gold(spark, config, out)
 
 
-def test_gold_put_back_behind_the_egress_is_refused_until_a_reset_which_is_exact(
+def test_gold_put_back_behind_the_egress_is_refused_even_once_written_again_until_a_reset_which_is_exact(
     spark, config, kafka_bootstrap, monkeypatch, capsys, tmp_path
 ):
     # Spark's Delta source fails on a version the table no longer reaches ("non-existent version"); the
-    # start refuses first and names the egress's reset.
+    # start refuses first and names the egress's reset. Written again up to that version, gold would let
+    # the egress go on after changes it never read: refused all the same.
     out = output_topic(kafka_bootstrap)
     config = with_egress(config, out)
     cli_main = in_process_cli(monkeypatch, config, out)
@@ -888,6 +889,18 @@ def test_gold_put_back_behind_the_egress_is_refused_until_a_reset_which_is_exact
     assert f"{EGRESS}: the stream has read {GOLD} at {gold_path(config)} up to version 3" in refusal
     assert "the table is at version 1: gold was put back from an older copy or replaced" in refusal
     assert f"checkpoints reset {EGRESS}" in refusal
+    assert fold(kafka_bootstrap, out, "read_committed")[0] == before
+
+    # Another history up to version 3, made later than the clocks of two drivers can differ.
+    time.sleep(REWRITE_TOLERANCE_MS / 1000)
+    gold = DeltaTable.forPath(spark, gold_path(config))
+    gold.update("event_count = 3", {"event_count": "30"})
+    gold.delete("event_count = 4")
+    assert gold.history(1).first()["version"] == 3
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 3
+    refusal = capsys.readouterr().err
+    assert "up to version 3, but its version 3 was committed at" in refusal
+    assert "after the stream read it" in refusal and f"checkpoints reset {EGRESS}" in refusal
     assert fold(kafka_bootstrap, out, "read_committed")[0] == before
 
     # The way out: a new stream id publishes gold as it is; the rows the copy brought back are published again.

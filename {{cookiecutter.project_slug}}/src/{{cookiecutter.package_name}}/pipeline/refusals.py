@@ -212,7 +212,7 @@ class Refusal(Enum):
         title="A source table put back behind the stream reading it",
         status="source behind",
         happened="the table a stream reads (bronze for silver, silver for gold) was replaced by an older copy of "
-        "its directory, or by another table",
+        "its directory (perhaps written again since), or by another table",
         found="the stream has read {source} at {path} up to version {read}, but {found}: the table was put back "
         "from an older copy or replaced, and the stream would go on in another history than the one its tables "
         "hold.",
@@ -448,8 +448,8 @@ class Refusal(Enum):
     EGRESS_SOURCE_BEHIND = Entry(
         title="Gold put back behind an egress",
         egress=ANY_EGRESS,
-        happened="gold was replaced by an older copy of its directory, or by another table, after the egress "
-        "published its changes",
+        happened="gold was replaced by an older copy of its directory (perhaps written again since), or by "
+        "another table, after the egress published its changes",
         found="the stream has read {source} at {path} up to version {read}, but {found}: gold was put back from an "
         "older copy or replaced, and publishing on would skip or repeat changes.",
         way_out="{reset}: a new stream id publishes gold's current rows whole and removes from the sink what gold "

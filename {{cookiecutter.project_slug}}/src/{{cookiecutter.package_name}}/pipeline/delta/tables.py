@@ -345,6 +345,25 @@ def commit_actions(spark: SparkSession, path: str, version: int) -> list[dict] |
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def commit_time_ms(spark: SparkSession, path: str, version: int) -> int | None:
+    """When the table's commit ``version`` was made, in milliseconds since the epoch, as the commit records it
+    (its in-commit timestamp when the table has them, else its writer's clock); None when the file is gone.
+
+    Read from the commit's content, which a copy of the table's directory keeps (a file's modification
+    time does not).
+
+    Example::
+
+        commit_time_ms(spark, "/data/lake/tables/silver_events", 18)  # 1795906089865
+    """
+    actions = commit_actions(spark, path, version)
+    info = next((action["commitInfo"] for action in actions or () if "commitInfo" in action), None)
+    if info is None:
+        return None
+    made = info.get("inCommitTimestamp", info.get("timestamp"))
+    return None if made is None else int(made)
+
+
 @dataclass(frozen=True)
 class RemovingCommit:
     version: int

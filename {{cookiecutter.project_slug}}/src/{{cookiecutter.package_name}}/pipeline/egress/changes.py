@@ -62,8 +62,9 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     """Refuse (CheckpointError) to start egress ``stream`` when gold's changes it has yet to publish are gone.
 
     Gone in two ways. Gold put back from an older copy (or replaced) no longer reaches the version
-    the egress has read: Spark would stop on the version that is gone, and the changes the copy
-    undid would never be published. VACUUM removes the change-data and data files of old gold
+    the egress has read, or reaches it again in another history: Spark would stop on the version that
+    is gone, or go on after changes it never read, and the changes the copy undid would never be
+    published. VACUUM removes the change-data and data files of old gold
     versions, and the log's cleanup their log entries: an egress that stood still longer than those
     retentions would fail on them halfway through a batch. So gold must reach the version the last
     planned batch ends at, and from the version after the last committed batch to gold's latest,
@@ -82,8 +83,7 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     reaches = None if planned is None else source_position(spark, checkpoint, planned)
     if reaches is None:
         return  # a new stream id starts from gold's current snapshot
-    version = snapshot.version() if snapshot.version() >= 0 else None
-    gone = history_gone(version, None if version is None else snapshot.metadata().id(), reaches)
+    gone = history_gone(spark, gold, snapshot, reaches)
     if gone is not None:
         raise CheckpointError(
             Refusal.EGRESS_SOURCE_BEHIND.message(stream, source=GOLD, path=gold, read=reaches.newest_read, found=gone)

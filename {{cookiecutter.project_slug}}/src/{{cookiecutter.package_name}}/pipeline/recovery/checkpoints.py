@@ -44,12 +44,12 @@ silver) is compared with that table. Its offset log holds where it stands in the
 table: the table's id and a version. Refused, with the way out:
 
 * the table no longer reaches the version the stream has read, or is another
-  table (put back from an older copy, or replaced): the stream would go on in a
-  history other than the one it read (Spark stops on a version that is gone). Not
-  seen: a table put back that has caught up with that version again before the
-  stream starts (the offset log records a version number, nothing of its commit);
-  the table's own stream refuses to write it until it is reset, which makes that
-  rare;
+  table, or reaches it again in another history (put back from an older copy, or
+  replaced): the stream would go on in a history other than the one it read
+  (Spark stops on a version that is gone; one that was written again would skip
+  or repeat rows). A version written again is told by the time its commit records:
+  later than the time the stream planned the batch that read it (the offset log's
+  batch timestamp). Both are in the files' content, which a copy keeps;
 * a commit after the stream's position removes rows (RESTORE, DELETE, an
   overwrite): Spark would stop there, and what the stream took from those rows
   stays in its tables.
@@ -69,6 +69,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum
 
 from pyspark.sql import SparkSession
@@ -80,6 +81,7 @@ from ..delta.tables import (
     Lakehouse,
     RemovingCommit,
     Stream,
+    commit_time_ms,
     first_removing_commit,
     latest_snapshot,
     read_properties,
@@ -135,6 +137,13 @@ class Status(Enum):
     SOURCE_REWRITTEN = "source rewritten"
 
 
+# A source version committed this much after the batch that read it was planned was written again.
+# The two times come from two drivers' clocks (the source's writer, the reader), which on one
+# cluster agree within milliseconds; putting a table back and writing it up to that version again
+# takes longer than this.
+REWRITE_TOLERANCE_MS = 5_000
+
+
 @dataclass(frozen=True)
 class SourcePosition:
     """Where a stream stands in the Delta table it reads: an offset of Delta's source, as the offset log holds it.
@@ -147,6 +156,7 @@ class SourcePosition:
     version: int
     index: int
     starting: bool
+    planned_at_ms: int | None = None  # when the batch ending here was planned, by the reader's clock
 
     @property
     def first_unread_commit(self) -> int:
@@ -353,23 +363,41 @@ def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Stream
     )
 
 
-def history_gone(version: int | None, table_id: str | None, read: SourcePosition) -> str | None:
-    """What shows that a table (at ``version``, of id ``table_id``; None: no table) no longer has the history a
-    stream read from it up to ``read``: put back from an older copy, or replaced. None when it has.
+def history_gone(spark: SparkSession, path: str, snapshot, read: SourcePosition) -> str | None:
+    """What shows that the table at ``path`` (now at ``snapshot``) no longer has the history a stream read
+    from it up to ``read``: put back from an older copy (even one written up to that version again), or
+    replaced. None when it has.
 
     Example::
 
-        history_gone(20, "62604cb2-...", SourcePosition("62604cb2-...", 30, -1, False))  # "the table is at version 20"
+        history_gone(spark, "/data/lake/tables/gold", latest_snapshot(spark, "/data/lake/tables/gold"),
+                     SourcePosition("62604cb2-...", 30, -1, False))  # "the table is at version 20"
     """
+    if not path:
+        raise ValueError("path must be the source table's directory")
     if not isinstance(read, SourcePosition):
         raise TypeError(f"read must be a SourcePosition, not {type(read).__name__}")
-    if version is None:
+    version = snapshot.version()
+    if version < 0:
         return "there is no table"
+    table_id = snapshot.metadata().id()
     if read.table_id is not None and table_id != read.table_id:
         return f"the table there is another one (id {table_id}, where the stream read id {read.table_id})"
     if version < read.newest_read:
         return f"the table is at version {version}"
+    if read.planned_at_ms is None or read.newest_read < 0:
+        return None  # a rebuild's start (no batch planned yet), or nothing read
+    committed = commit_time_ms(spark, path, read.newest_read)
+    if committed is not None and committed > read.planned_at_ms + REWRITE_TOLERANCE_MS:
+        return (
+            f"its version {read.newest_read} was committed at {_utc(committed)}, after the stream read it "
+            f"(batch planned at {_utc(read.planned_at_ms)}): that version was written again"
+        )
     return None
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
 
 def _source_state(
@@ -392,10 +420,12 @@ def _source_state(
     resumes = (None if last_committed is None else source_position(spark, checkpoint, last_committed)) or reaches
     path = lakehouse.table(stream.source)
     snapshot = latest_snapshot(spark, path)
-    version = snapshot.version() if snapshot.version() >= 0 else None
-    table_id = None if version is None else snapshot.metadata().id()
-    gone = history_gone(version, table_id, reaches)
-    removing = None if gone is not None else first_removing_commit(spark, path, resumes.first_unread_commit, version)
+    gone = history_gone(spark, path, snapshot, reaches)
+    removing = (
+        None
+        if gone is not None
+        else first_removing_commit(spark, path, resumes.first_unread_commit, snapshot.version())
+    )
     return SourceState(stream.source, path, resumes, reaches, gone, removing)
 
 
@@ -407,15 +437,18 @@ def source_position(spark: SparkSession, checkpoint: str, batch: int) -> SourceP
 
         source_position(spark, "/data/lake/checkpoints/gold", 41)  # SourcePosition("62604cb2-...", 63, -1, False)
     """
-    offsets = batch_offsets(spark, checkpoint, batch)
-    if offsets is None:
+    entry = _offset_log_entry(spark, checkpoint, batch)
+    if entry is None:
         return None
+    metadata, offsets = entry
     offset = json.loads(offsets)
+    planned_at = metadata.get("batchTimestampMs")
     return SourcePosition(
         table_id=offset["reservoirId"],
         version=int(offset["reservoirVersion"]),
         index=int(offset["index"]),
         starting=bool(offset.get("isStartingVersion")),
+        planned_at_ms=None if planned_at is None else int(planned_at),
     )
 
 
@@ -591,8 +624,18 @@ def batch_offsets(spark: SparkSession, checkpoint: str, batch: int) -> str | Non
 
         batch_offsets(spark, "/data/lake/checkpoints/bronze", 41)  # '{"events":{"0":5120}}'
     """
+    entry = _offset_log_entry(spark, checkpoint, batch)
+    return None if entry is None else entry[1]
+
+
+def _offset_log_entry(spark: SparkSession, checkpoint: str, batch: int) -> tuple[dict, str] | None:
+    """Batch ``batch``'s entry in the offset log: its metadata (batch timestamp, watermark, confs) and its
+    first source's offsets (JSON); None once it is gone."""
     if not isinstance(batch, int) or batch < 0:
         raise ValueError(f"batch must be a batch id (an int >= 0), got {batch!r}")
     text = files.read_text(spark, f"{checkpoint}/offsets/{batch}")
+    if not text:
+        return None
     # Offset log: a version line, a batch metadata line, then one line per source.
-    return text.splitlines()[2] if text else None
+    lines = text.splitlines()
+    return json.loads(lines[1]), lines[2]
