@@ -391,7 +391,7 @@ def history_gone(spark: SparkSession, path: str, snapshot, read: SourcePosition)
     if committed is not None and committed > read.planned_at_ms + REWRITE_TOLERANCE_MS:
         return (
             f"its version {read.newest_read} was committed at {_utc(committed)}, after the stream read it "
-            f"(batch planned at {_utc(read.planned_at_ms)}): that version was written again"
+            f"in a batch planned at {_utc(read.planned_at_ms)}"
         )
     return None
 
