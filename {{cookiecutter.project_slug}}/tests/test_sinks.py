@@ -130,6 +130,28 @@ def test_dedup_reads_only_the_batch_partitions_files_whatever_the_skew_and_topic
     assert offsets == [100, 101, 102, 103, 104]
 
 
+def test_new_records_are_appended_and_a_batch_overlapping_the_table_is_merged_each_record_once(spark, lakehouse):
+    quarantine = lakehouse.table(QUARANTINE)
+
+    def insert(offsets, batch_id: int, partition: int = 0) -> None:
+        batch = spark.createDataFrame([quarantine_row("a", partition, o) for o in offsets], QUARANTINE_SCHEMA)
+        insert_new_kafka_records(batch, quarantine, kafka_key_ranges(batch), "silver-stream", batch_id)
+
+    insert(range(0, 5), 0)
+    insert(range(5, 10), 1)
+    insert(range(5, 10), 1)  # a replay: the tag makes it a no-op
+    insert(range(0, 3), 2, partition=1)  # other offsets of the batch's partition are no overlap
+    insert(range(8, 12), 3)  # 8 and 9 held: a MERGE inserts 10 and 11 alone
+    insert(range(10, 12), 4)  # all held: the MERGE inserts nothing
+
+    history = DeltaTable.forPath(spark, quarantine).history().orderBy("version").collect()
+    assert [row.operation for row in history][-5:] == ["WRITE", "WRITE", "WRITE", "MERGE", "MERGE"]
+    assert history[-2].operationMetrics["numTargetRowsInserted"] == "2"
+    assert history[-1].operationMetrics["numTargetRowsInserted"] == "0"
+    rows = spark.read.format("delta").load(quarantine).select("partition", "offset").collect()
+    assert sorted(tuple(row) for row in rows) == [(0, o) for o in range(12)] + [(1, o) for o in range(3)]
+
+
 def test_a_recreated_topics_records_at_offsets_already_held_are_inserted_and_a_replay_of_them_is_not(spark, lakehouse):
     quarantine = lakehouse.table(QUARANTINE)
 

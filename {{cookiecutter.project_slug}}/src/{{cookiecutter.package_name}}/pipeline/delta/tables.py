@@ -139,7 +139,8 @@ APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
 # every file to one partition's narrow offset range whatever the skew between partitions,
 # the number of topics or partitions added later; compaction works within a directory, so
 # it keeps that property. The price: a batch writes one file per Kafka partition it holds.
-PARTITION_COLUMNS = {SILVER: ("topic", "partition"), QUARANTINE: ("topic", "partition")}
+KAFKA_PARTITION_COLUMNS = ("topic", "partition")
+PARTITION_COLUMNS = {SILVER: KAFKA_PARTITION_COLUMNS, QUARANTINE: KAFKA_PARTITION_COLUMNS}
 
 
 def table_properties(name: str, contract: Contract = EVENTS) -> dict[str, str]:
