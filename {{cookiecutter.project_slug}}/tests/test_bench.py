@@ -101,6 +101,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "latency_gold_p95_triggers",
         "exactly_once_cost",
         "recovery_cost",
+        "silver_append_scaling",
         "silver_merge_scaling",
         "silver_skewed_merge_scaling",
         "gold_merge_scaling",
@@ -113,15 +114,18 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     assert recovery["table_rows"]["killed_and_restarted"] == recovery["table_rows"]["undisturbed"]
     assert set(details["exactly_once"]["at_least_once"]) == {"bronze", "silver", "gold"}
     assert details["latency"]["markers"] >= 2
-    merges = details["silver_scaling"]["merges"]
-    assert all(run["operation"] == "MERGE" for runs in merges.values() for run in runs)
-    assert all(run["operation_metrics"]["numTargetRowsInserted"] == TINY.silver_batch for run in merges["big"])
+    # Silver's sink both ways: a batch of new records appended, one overlapping the table merged.
+    for scaling in (details["silver_scaling"], details["silver_scaling_skewed"]):
+        for run in (run for runs in scaling["appends"].values() for run in runs):
+            assert run["operation"] == "WRITE"
+            assert run["operation_metrics"]["numOutputRows"] == scaling["batch_rows"]
+        for run in (run for runs in scaling["merges"].values() for run in runs):
+            assert run["operation"] == "MERGE"
+            assert run["operation_metrics"]["numTargetRowsInserted"] == scaling["batch_rows"]
     skewed = details["silver_scaling_skewed"]
     assert skewed["tables"]["big"]["rows"] >= TINY.silver_big_table
-    for run in (run for runs in skewed["merges"].values() for run in runs):
-        assert run["operation"] == "MERGE"
-        assert run["operation_metrics"]["numTargetRowsInserted"] == skewed["batch_rows"]
-        assert run["batch_partitions"] == 5  # both topics, the partition added later too
+    runs = [run for way in ("appends", "merges") for by_size in skewed[way].values() for run in by_size]
+    assert all(run["batch_partitions"] == 5 for run in runs)  # both topics, the partition added later too
     gold = details["gold_scaling"]
     assert gold["tables"]["big"]["windows"] == TINY.gold_big_windows
     for run in (run for runs in gold["merges"].values() for run in runs):

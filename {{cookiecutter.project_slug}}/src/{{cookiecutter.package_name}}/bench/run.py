@@ -56,7 +56,8 @@ def warm_up(bench: Bench) -> None:
         bench.run_layers(config)
         exactly_once.run_at_least_once(bench, work / "alo", topic)
         silver = silver_scaling.build_silver(bench, work / "silver", topic, records, 1)
-        silver_scaling.time_merge(bench, silver, topic, records, max(1, records // 2), "warm", 0)
+        silver_scaling.time_insert(bench, silver, topic, records, max(1, records // 2), "warm", 0)
+        silver_scaling.time_insert(bench, silver, topic, records + max(1, records // 2), 2, "warm", 1, held=1)
         s3_ready.result()
 
 

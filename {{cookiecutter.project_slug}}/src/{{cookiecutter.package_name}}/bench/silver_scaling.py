@@ -1,9 +1,12 @@
-"""Silver dedup scaling: one silver MERGE batch into a small and into a big silver table, in two layouts.
+"""Silver dedup scaling: silver's batches into a small and into a big silver table, in two layouts.
 
 The tables are created by the pipeline (``ensure_tables``, so silver has the pipeline's own layout)
 and filled directly (no Kafka, no streams) in appends of whole batches, one file per batch (per
-table partition, when the layout partitions silver), offsets increasing. The MERGE is the silver
-sink's own, ``insert_new_kafka_records``.
+table partition, when the layout partitions silver), offsets increasing. Each batch goes through
+the silver sink's own ``insert_new_kafka_records``, both of its ways: a batch of new records (the
+steady state: the table holds none of its offset ranges, so it is appended), then a batch that
+also carries one record the table holds (a replay's or a rebuild's overlap: a MERGE inserts the
+rest).
 
 * even: one topic, records spread evenly over its partitions, every partition's offsets from 0;
 * skewed: two topics; partition 0 of each holds offsets far beyond partition 1's (a long-lived
@@ -40,6 +43,8 @@ SKEWED_PARTITIONS = (
 )
 # Which of SKEWED_PARTITIONS each tenth of a batch goes to, before and after the third partition exists.
 SKEWED_SLOTS = ((0, 0, 0, 0, 1, 3, 3, 3, 3, 4), (0, 0, 0, 1, 2, 2, 3, 3, 3, 4))
+# The silver sink's two ways, each measured: appends of new records, MERGEs of a batch overlapping the table.
+WAYS = ("appends", "merges")
 
 
 def _silver_columns(topic, partition, offset) -> dict:
@@ -136,21 +141,24 @@ def build_skewed_silver(bench: Bench, root: Path, batches: int, batch_rows: int,
     return build_table(bench, root, SILVER, 0, batches, commits, rows_between)
 
 
-def time_merge(bench: Bench, path: str, topic: str, first: int, rows: int, app_id: str, batch_id: int) -> dict:
-    """One silver-sink MERGE of ``rows`` new records starting at id ``first``: its time and Delta's metrics."""
-    if rows <= 0 or first < 0:
-        raise ValueError(f"time_merge needs rows > 0 and first >= 0, got {rows}, {first}")
-    return time_merge_of(bench, path, silver_rows(bench, topic, first, first + rows, 1), app_id, batch_id)
+def time_insert(
+    bench: Bench, path: str, topic: str, first: int, rows: int, app_id: str, batch_id: int, held: int = 0
+) -> dict:
+    """One silver-sink insert of ``rows`` new records from id ``first`` on, with the ``held`` records
+    before them (already in the table, when the table ends at ``first``): its time and Delta's metrics."""
+    if rows <= 0 or not 0 <= held <= first:
+        raise ValueError(f"time_insert needs rows > 0 and 0 <= held <= first, got {rows}, {held}, {first}")
+    return time_insert_of(bench, path, silver_rows(bench, topic, first - held, first + rows, 1), app_id, batch_id)
 
 
-def time_merge_of(bench: Bench, path: str, batch, app_id: str, batch_id: int) -> dict:
-    """One silver-sink MERGE of the silver rows ``batch``: its time and Delta's metrics."""
+def time_insert_of(bench: Bench, path: str, batch, app_id: str, batch_id: int) -> dict:
+    """One silver-sink insert of the silver rows ``batch``: its time and Delta's metrics."""
 
     if batch_id < 0 or not app_id:
-        raise ValueError(f"time_merge needs batch_id >= 0 and an app id, got {batch_id}, {app_id!r}")
+        raise ValueError(f"time_insert needs batch_id >= 0 and an app id, got {batch_id}, {app_id!r}")
     batch = batch.persist()
     try:
-        batch.count()  # materialised first: the timing is the MERGE's, not the batch's generation
+        batch.count()  # materialised first: the timing is the sink's, not the batch's generation
         ranges = kafka_key_ranges(batch)
         files = _files_in_ranges(bench, path, ranges)
         started = time.perf_counter()
@@ -229,55 +237,95 @@ def measure(bench: Bench, topic: str) -> None:
             "partition_added_at_batch": batches // 2,
             "build_s": time.perf_counter() - started,
         }
-    runs: dict[str, dict[str, list[dict]]] = {layout: {"small": [], "big": []} for layout in tables}
+    # layout -> way (appends, merges) -> table size -> runs
+    runs = {layout: {way: {"small": [], "big": []} for way in WAYS} for layout in tables}
     for repeat in range(sizes.merge_repeats):
         step = f"{repeat + 1}/{sizes.merge_repeats}"
         for label in ("small", "big"):  # interleaved, so drift on a shared machine hits both alike
-            table = tables["even"][label]
-            say(f"silver scaling: MERGE {sizes.silver_batch:,} rows into the {label} table ({step})")
-            run = time_merge(bench, table["path"], topic, table["next"], sizes.silver_batch, f"bench-{label}", repeat)
-            table["next"] += sizes.silver_batch
-            runs["even"][label].append(run)
+            table, app_id = tables["even"][label], f"bench-{label}"
+            path, rows = table["path"], sizes.silver_batch
+            say(f"silver scaling: {rows:,} new rows into the {label} table, then with one held ({step})")
+            append = time_insert(bench, path, topic, table["next"], rows, app_id, 2 * repeat)
+            runs["even"]["appends"][label].append(append)
+            table["next"] += rows
+            merge = time_insert(bench, path, topic, table["next"], rows, app_id, 2 * repeat + 1, held=1)
+            runs["even"]["merges"][label].append(merge)
+            table["next"] += rows
         for label in ("small", "big"):
-            table = tables["skewed"][label]
-            say(f"silver scaling: MERGE {batch_rows:,} rows, two topics, into the skewed {label} table ({step})")
+            table, app_id = tables["skewed"][label], f"bench-skewed-{label}"
+            say(f"silver scaling: {batch_rows:,} new rows, two topics, into the skewed {label} table ({step})")
             first, added = table["next_batch"], table["partition_added_at_batch"]
-            rows = skewed_rows(bench, first, first + 1, added, batch_rows)
-            runs["skewed"][label].append(time_merge_of(bench, table["path"], rows, f"bench-skewed-{label}", repeat))
-            table["next_batch"] += 1
+            new = skewed_rows(bench, first, first + 1, added, batch_rows)
+            runs["skewed"]["appends"][label].append(time_insert_of(bench, table["path"], new, app_id, 2 * repeat))
+            held = new.limit(1)
+            new = skewed_rows(bench, first + 1, first + 2, added, batch_rows)
+            batch = new.unionByName(held)
+            runs["skewed"]["merges"][label].append(time_insert_of(bench, table["path"], batch, app_id, 2 * repeat + 1))
+            table["next_batch"] += 2
     medians = {
-        layout: {label: statistics.median(run["seconds"] for run in by_label[label]) for label in by_label}
-        for layout, by_label in runs.items()
+        layout: {
+            way: {label: statistics.median(run["seconds"] for run in by_label[label]) for label in by_label}
+            for way, by_label in by_way.items()
+        }
+        for layout, by_way in runs.items()
     }
-    small, big = medians["even"]["small"], medians["even"]["big"]
-    batch = f"silver MERGE {sizes.silver_batch:,} rows into"
-    bench.add("silver_merge_small_s", f"{batch} {sizes.silver_small_table:,}", small, "s")
-    bench.add("silver_merge_big_s", f"{batch} {sizes.silver_big_table:,}", big, "s")
-    bench.add("silver_merge_scaling", "big-table MERGE / small-table MERGE", big / small, "ratio", Target("<=", 1.5))
-    small, big = medians["skewed"]["small"], medians["skewed"]["big"]
-    skewed = tables["skewed"]
-    batch = f"skewed, 2 topics: MERGE {batch_rows:,} rows into"
-    bench.add("silver_skewed_merge_small_s", f"{batch} {skewed['small']['rows']:,}", small, "s")
-    bench.add("silver_skewed_merge_big_s", f"{batch} {skewed['big']['rows']:,}", big, "s")
+    even, skewed = medians["even"], medians["skewed"]
+    new = f"silver append of {sizes.silver_batch:,} new rows into"
+    bench.add("silver_append_small_s", f"{new} {sizes.silver_small_table:,}", even["appends"]["small"], "s")
+    bench.add("silver_append_big_s", f"{new} {sizes.silver_big_table:,}", even["appends"]["big"], "s")
+    bench.add(
+        "silver_append_scaling",
+        "big-table append / small-table append",
+        even["appends"]["big"] / even["appends"]["small"],
+        "ratio",
+        Target("<=", 1.5),
+    )
+    batch = f"silver MERGE of {sizes.silver_batch:,} new rows and one held into"
+    bench.add("silver_merge_small_s", f"{batch} {sizes.silver_small_table:,}", even["merges"]["small"], "s")
+    bench.add("silver_merge_big_s", f"{batch} {sizes.silver_big_table:,}", even["merges"]["big"], "s")
+    bench.add(
+        "silver_merge_scaling",
+        "big-table MERGE / small-table MERGE",
+        even["merges"]["big"] / even["merges"]["small"],
+        "ratio",
+        Target("<=", 1.5),
+    )
+    bench.add(
+        "silver_append_vs_merge",
+        "append / MERGE of a batch, into the big table",
+        even["appends"]["big"] / even["merges"]["big"],
+        "ratio",
+    )
+    skewed_tables = tables["skewed"]
+    batch = f"skewed, 2 topics: MERGE of {batch_rows:,} new rows and one held into"
+    for label in ("small", "big"):
+        rows = skewed_tables[label]["rows"]
+        bench.add(f"silver_skewed_merge_{label}_s", f"{batch} {rows:,}", skewed["merges"][label], "s")
     bench.add(
         "silver_skewed_merge_scaling",
         "skewed, 2 topics: big-table / small-table MERGE",
-        big / small,
+        skewed["merges"]["big"] / skewed["merges"]["small"],
         "ratio",
         Target("<=", 1.5),
+    )
+    bench.add(
+        "silver_skewed_append_scaling",
+        "skewed, 2 topics: big-table / small-table append",
+        skewed["appends"]["big"] / skewed["appends"]["small"],
+        "ratio",
     )
     _describe(bench, tables)
     bench.details["silver_scaling"] = {
         "batch_rows": sizes.silver_batch,
         "tables": {label: _public(table) for label, table in tables["even"].items()},
-        "merges": runs["even"],
+        **runs["even"],
     }
     bench.details["silver_scaling_skewed"] = {
         "batch_rows": batch_rows,
         "topics": list(SKEWED_TOPICS),
         "partitions": [{"topic": SKEWED_TOPICS[t], "partition": p, "first_offset": o} for t, p, o in SKEWED_PARTITIONS],
-        "tables": {label: _public(table) for label, table in skewed.items()},
-        "merges": runs["skewed"],
+        "tables": {label: _public(table) for label, table in skewed_tables.items()},
+        **runs["skewed"],
     }
 
 
