@@ -78,7 +78,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from delta.tables import DeltaTable
-from pyspark.sql.functions import col, expr
+from pyspark.sql.functions import col, expr, get_json_object, input_file_name
 from pyspark.sql.functions import max as max_
 
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
@@ -394,6 +394,9 @@ class NemesisReport:
     # Committed records a compacted topic's cleaner removed before bronze read them: no longer expected.
     records_compacted_away: int = 0
     oracle_checks: int = 0
+    # The silver sink's commits to silver and quarantine by the way it took (append, MERGE), from the
+    # final tables' logs: what the schedule made it do, both ways being part of the guarantee.
+    silver_sink_commits: Counter = field(default_factory=Counter)
 
     @property
     def clean(self) -> bool:
@@ -410,6 +413,7 @@ class NemesisReport:
             ("records aborted", self.records_aborted),
             ("records compacted away before bronze", self.records_compacted_away),
             ("oracle checks", self.oracle_checks),
+            *[(f"silver sink commits: {way}", count) for way, count in sorted(self.silver_sink_commits.items())],
             ("seconds", round(sum(step.seconds for step in self.steps))),
         ]
         rows += [(f"anomaly: {name}", count) for name, count in sorted(self.anomalies.items())]
@@ -543,6 +547,8 @@ class Nemesis:
                     # A shortened schedule can leave an action without what it needs (a restore without a copy).
                     print(f"[{number:3d}] {recorded['action']:<8} skipped: its precondition does not hold", flush=True)
         self._take(len(self.report.steps) + 1, "drain", self.drain, final=True)
+        for table in ("silver", "quarantine"):
+            self.report.silver_sink_commits.update(self._sink_commits(table))
         self.report.records_committed = len(self.ledger.committed)
         self.report.records_aborted = len(self.ledger.aborted)
         return self.report
@@ -1323,6 +1329,24 @@ class Nemesis:
         if not self._exists(path):
             return False
         return self.spark.read.format("delta").load(path).limit(1).count() > 0
+
+    def _sink_commits(self, table: str) -> Counter:
+        """The commits to ``table`` that carry a stream's tag (a ``txn`` action), by operation: ``append``
+        for a write that added files (a fence adds none), ``MERGE`` for a MERGE. Read from the Delta log's
+        commit files as they stand, with Spark alone."""
+        path = self._table(table)
+        if not self._exists(path):
+            return Counter()
+        log = self.spark.read.text(f"{path}/_delta_log/*.json").withColumn("commit", input_file_name())
+        commits = log.groupBy("commit").agg(
+            max_(get_json_object("value", "$.txn.appId").isNotNull().cast("int")).alias("tagged"),
+            max_(get_json_object("value", "$.commitInfo.operation")).alias("operation"),
+            max_(get_json_object("value", "$.add.path").isNotNull().cast("int")).alias("adds"),
+        )
+        appended = (col("operation") == "WRITE") & (col("adds") == 1)
+        ways = commits.where((col("tagged") == 1) & (appended | (col("operation") == "MERGE")))
+        rows = ways.groupBy("operation").count().collect()
+        return Counter({"append" if row.operation == "WRITE" else row.operation: row["count"] for row in rows})
 
     def _bronze_ends(self) -> dict[tuple[str, int], int]:
         """For each (topic, partition) of the run's topics bronze holds records of: the offset after its last one."""
