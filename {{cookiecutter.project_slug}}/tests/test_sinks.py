@@ -3,7 +3,7 @@
 import logging
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -99,6 +99,26 @@ def test_gold_merge_reads_only_the_files_of_the_windows_the_batch_touches(spark,
         (T0 + 181 * MINUTE, "click"): 1,
         (T0 + 182 * MINUTE, "view"): 1,
     }
+
+
+def test_a_window_in_the_hour_the_drivers_clock_repeats_is_added_to_not_inserted_twice(spark, lakehouse, monkeypatch):
+    # On 2026-10-25 a Paris clock shows 02:30 twice: at 00:30 and at 01:30 UTC. The window's start
+    # must reach the MERGE's condition as the instant it is, whatever the driver's time zone.
+    gold = lakehouse.table(GOLD)
+    start = datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    row = (start, start + MINUTE, "view", 1, Decimal(1))
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    time.tzset()
+    try:
+        for batch_id in (0, 1):
+            add_to_windows(spark.createDataFrame([row], GOLD_SCHEMA), gold, "gold-stream", batch_id)
+        written = spark.read.format("delta").load(gold).select(F.unix_micros("window_start"), "event_count")
+        rows = [tuple(found) for found in written.collect()]
+    finally:
+        monkeypatch.undo()  # the TZ the process had
+        time.tzset()
+
+    assert rows == [(int(start.timestamp()) * 1_000_000, 2)]
 
 
 def test_dedup_reads_only_the_batch_partitions_files_whatever_the_skew_and_topics(spark, lakehouse):
