@@ -99,12 +99,6 @@ def window_ranges(
     return [(first, last) for first, last, _ in runs]
 
 
-# A stream's batch aggregates to one row per window and dimension values: a few hundred at most
-# in the steady state. Up to this many are collected once and merged from the driver: the batch
-# is aggregated once, and its windows need no job of their own. More (a backlog read in one
-# batch) stay distributed, cached for the MERGE.
-LOCAL_AGGREGATES = 10_000
-
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -112,10 +106,17 @@ def _utc(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
 
 
-def _touched_windows(windows: set[tuple[datetime, datetime]]) -> Column:
+def _touched_windows(aggregates: DataFrame) -> Column | None:
     # Target columns and literals only, so Delta skips every gold file outside the
     # batch's windows: a late event adds its own small range, not everything since.
-    runs = window_ranges([start for start, _ in windows], [end for _, end in windows])
+    # The bounds leave Spark as microseconds since the epoch and come back as UTC datetimes:
+    # collected as timestamps they become the driver's local time, ambiguous in the hour a
+    # clock repeats once a year, and a window came back an hour off (the MERGE missed its row).
+    bounds = aggregates.select(F.unix_micros(WINDOW_START).alias("start"), F.unix_micros(WINDOW_END).alias("end"))
+    rows = bounds.distinct().collect()
+    if not rows:
+        return None
+    runs = window_ranges([_utc(r.start) for r in rows], [_utc(r.end) for r in rows])
     return reduce(
         lambda left, right: left | right,
         [F.col(f"t.{WINDOW_START}").between(F.lit(first), F.lit(last)) for first, last in runs],
@@ -130,52 +131,27 @@ def add_to_windows(
     Rows match on the contract's gold key (window and dimensions); event_count
     and every measure sum are added. Addition is not idempotent by itself; the
     transaction tag is what makes a replayed batch count nothing twice. Only the
-    gold files that hold the batch's windows are read. ``aggregates`` is computed
-    once: up to ``LOCAL_AGGREGATES`` rows are collected and merged from the driver,
-    more are cached for the MERGE.
-
-    Example::
-
-        add_to_windows(window_aggregates(silver_rows, "1 minute"), lakehouse.table(GOLD), stream_id, 7)
+    gold files that hold the batch's windows are read. ``aggregates`` should be
+    cached: its windows are collected before the MERGE.
     """
-    if not path:
-        raise ValueError("path must name a Delta table")
     session = aggregates.sparkSession
-    bounds = (WINDOW_START, WINDOW_END)
-    # Window bounds leave the JVM as microseconds since the epoch and come back as UTC datetimes.
-    # Collected as timestamps they become the driver's local time, which is ambiguous in the hour
-    # a clock repeats once a year: a window came back an hour off, and the MERGE missed its row.
-    exact = aggregates.withColumns({name: F.unix_micros(name) for name in bounds})
-    rows = exact.limit(LOCAL_AGGREGATES + 1).collect()
-    if not rows:
+    touched = _touched_windows(aggregates)
+    if touched is None:
         return
-    cached = None
-    if len(rows) <= LOCAL_AGGREGATES:
-        fields = aggregates.schema.fieldNames()
-        local = [tuple(_utc(row[name]) if name in bounds else row[name] for name in fields) for row in rows]
-        source = session.createDataFrame(local, aggregates.schema)
-        windows = {(row[WINDOW_START], row[WINDOW_END]) for row in rows}
-    else:
-        source = cached = aggregates.persist()
-        windows = {tuple(row) for row in exact.select(*bounds).distinct().collect()}
-    condition = _same_gold_row(contract) & _touched_windows({(_utc(start), _utc(end)) for start, end in windows})
+    condition = _same_gold_row(contract) & touched
 
     def merge() -> None:
         with delta_transaction(session, app_id, batch_id):
             (
                 DeltaTable.forPath(session, path)
                 .alias("t")
-                .merge(source.alias("s"), condition)
+                .merge(aggregates.alias("s"), condition)
                 .whenMatchedUpdate(set={name: F.col(f"t.{name}") + F.col(f"s.{name}") for name in contract.gold_values})
                 .whenNotMatchedInsertAll()
                 .execute()
             )
 
-    try:
-        retry_conflicts(merge, f"{path} batch {batch_id}")
-    finally:
-        if cached is not None:
-            cached.unpersist()
+    retry_conflicts(merge, f"{path} batch {batch_id}")
     warm_up_state(session, path)
 
 
@@ -195,15 +171,19 @@ def stream_writer(
     gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
-        # The batch is scanned once, by the aggregation add_to_windows collects. (A separate
-        # isEmpty() was a second scan per batch, and made numInputRows count its rows too.)
-        aggregates = window_aggregates(silver_batch, config.gold_window, contract)
-        with crash_points(silver_batch.sparkSession, "gold", batch_id):
-            check_held(lakehouse, "gold")
-            add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
-        check_held(lakehouse, "gold")  # before the checkpoint's sink versions and commit-log entry
-        if prepared.stream_id is not None:
-            record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
+        # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
+        # was a second scan per batch, and made numInputRows count the rows it read too.)
+        aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
+        try:
+            if not aggregates.isEmpty():
+                with crash_points(silver_batch.sparkSession, "gold", batch_id):
+                    check_held(lakehouse, "gold")
+                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+            check_held(lakehouse, "gold")  # before the checkpoint's sink versions and commit-log entry
+            if prepared.stream_id is not None:
+                record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
+        finally:
+            aggregates.unpersist()
 
     return source_stream(spark, lakehouse, "gold", prepared.stream_id).writeStream.foreachBatch(write_batch)
 
