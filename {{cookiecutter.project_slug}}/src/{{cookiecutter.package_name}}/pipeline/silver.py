@@ -33,7 +33,7 @@ from .contract import (
     Kind,
     Rule,
 )
-from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse
+from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .monitoring import QUARANTINE_ALERT_SHARE, report_quarantine
 from .recovery import checkpoints
@@ -239,32 +239,14 @@ def _range_predicate(ranges: list[Row], prefix: str = "") -> Column:
     )
 
 
-def may_hold_any_of(spark: SparkSession, path: str, ranges: list[Row]) -> bool:
-    """Whether a file of the Delta table at ``path`` may hold a row within any of the batch's ``ranges``.
-
-    Answered from the newest snapshot's file statistics and partition values alone (data skipping
-    keeps every file whose offset bounds meet a range, and every file without statistics); no
-    data file is read. False is certain: the table holds no row in the ranges. True may be a file
-    whose bounds straddle a range without holding any of its offsets.
-
-    Example::
-
-        may_hold_any_of(spark, lakehouse.table(SILVER), kafka_key_ranges(batch))  # False: all new
-    """
-    if not path:
-        raise ValueError("path must name a Delta table")
-    if not ranges:
-        return False
-    return bool(spark.read.format("delta").load(path).where(_range_predicate(ranges)).inputFiles())
-
-
 def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_id: str | None, batch_id: int) -> None:
     """Insert the rows whose (topic, topic_id, partition, offset) the table does not hold yet.
 
     In the steady state no file of the table may hold a row within the batch's offset ranges
-    (``may_hold_any_of``), and the rows are appended; otherwise (a replay, a rebuild's overlap, a
-    record bronze holds twice) a MERGE inserts only what is missing. Both commits carry the tag
-    (``app_id``, ``batch_id``), so a replayed batch adds nothing either way.
+    (``may_hold``, asked of the files' statistics), and the rows are appended; otherwise (a
+    replay, a rebuild's overlap, a record bronze holds twice) a MERGE inserts only what is
+    missing. Both commits carry the tag (``app_id``, ``batch_id``), so a replayed batch adds
+    nothing either way.
 
     Example::
 
@@ -279,7 +261,7 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
     # one stream, a stream one holder, and a holder that lost its lease is fenced (its commit
     # fails). A writer from outside that adds the same records at that moment is not stopped,
     # and the audit names it (silver_duplicates), as it does one that adds them a moment later.
-    if not may_hold_any_of(session, path, ranges):
+    if not may_hold(session, path, _range_predicate(ranges)):
         # One file per Kafka partition, as the MERGE writes (Delta repartitions its output by
         # the table's partition columns): no file spans two partitions' offsets.
         append_idempotent(rows.repartition(*KAFKA_PARTITION_COLUMNS), path, app_id, batch_id)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -482,6 +482,29 @@ def table_has_rows(spark: SparkSession, path: str) -> bool:
     if checksum.isDefined() and checksum.get().numFiles() == 0:
         return False  # a table just created: no Spark job to say so
     return bool(spark.read.format("delta").load(path).take(1))
+
+
+def may_hold(spark: SparkSession, path: str, predicate: Column) -> bool:
+    """Whether a file of the Delta table at ``path`` may hold a row for which ``predicate`` is true.
+
+    Answered from the newest snapshot's file statistics and partition values alone (Delta's
+    data skipping keeps every file whose bounds meet the predicate, and every file without
+    statistics); no data file is read. False is certain: no row of the table matches. True
+    may be a file whose bounds straddle the predicate without holding a matching row. The
+    predicate names the table's columns and literals only, so Delta can skip by it.
+
+    Example::
+
+        may_hold(spark, lakehouse.table(GOLD), F.col("window_start") >= F.lit(start))  # False: all new
+    """
+    if not path:
+        raise ValueError("path must name a Delta table")
+    if not isinstance(predicate, Column):
+        raise TypeError(f"predicate must be a Column, not {type(predicate).__name__}")
+    checksum = latest_snapshot(spark, path).checksumOpt()
+    if checksum.isDefined() and checksum.get().numFiles() == 0:
+        return False  # a table just created: said by its log, where the file listing is a Spark job
+    return bool(spark.read.format("delta").load(path).where(predicate).inputFiles())
 
 
 def read_properties(spark: SparkSession, path: str) -> dict[str, str]:
