@@ -342,8 +342,10 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(s
     assert any(step.detail == "broker restarted while a run wrote: it carried on" for step in report.steps)
     assert sum(report.refusals.values()) >= 1, report.table()
     assert report.oracle_checks >= 1 and report.records_committed > 0 and report.records_aborted > 0
-    # Silver's sink took both its ways under the faults: appends of new records, MERGEs of overlaps.
+    # Silver's and gold's sinks took both their ways under the faults: appends of new records (new
+    # windows), MERGEs of overlaps (windows gold holds).
     assert report.silver_sink_commits["append"] >= 1 and report.silver_sink_commits["MERGE"] >= 1, report.table()
+    assert report.gold_sink_commits["append"] >= 1 and report.gold_sink_commits["MERGE"] >= 1, report.table()
 
 
 @pytest.mark.faults

@@ -101,6 +101,30 @@ def test_gold_merge_reads_only_the_files_of_the_windows_the_batch_touches(spark,
     }
 
 
+def test_a_batch_of_new_windows_is_appended_and_one_touching_a_held_window_is_merged_once(spark, lakehouse):
+    gold = lakehouse.table(GOLD)
+
+    def add(rows: list[tuple], batch_id: int) -> None:
+        add_to_windows(spark.createDataFrame(rows, GOLD_SCHEMA), gold, "gold-stream", batch_id)
+
+    add([gold_row(0, "view", 1), gold_row(1, "view", 1)], 0)
+    add([gold_row(0, "view", 1), gold_row(1, "view", 1)], 0)  # a replay: the tag makes it a no-op
+    add([gold_row(5, "view", 4)], 1)  # no file holds minute 5: appended
+    add([gold_row(1, "view", 2), gold_row(7, "click", 1)], 2)  # minute 1 held: merged
+    add([gold_row(1, "view", 2), gold_row(7, "click", 1)], 2)  # a replayed MERGE: a no-op too
+
+    history = DeltaTable.forPath(spark, gold).history().orderBy("version").collect()
+    assert [row.operation for row in history][-3:] == ["WRITE", "WRITE", "MERGE"]
+    assert history[-1].operationMetrics["numTargetRowsUpdated"] == "1"
+    rows = spark.read.format("delta").load(gold).select("window_start", "event_type", "event_count").collect()
+    assert sorted(tuple(row) for row in rows) == [
+        (T0, "view", 1),
+        (T0 + MINUTE, "view", 3),
+        (T0 + 5 * MINUTE, "view", 4),
+        (T0 + 7 * MINUTE, "click", 1),
+    ]
+
+
 def test_a_window_in_the_hour_the_drivers_clock_repeats_is_added_to_not_inserted_twice(spark, lakehouse, monkeypatch):
     # On 2026-10-25 a Paris clock shows 02:30 twice: at 00:30 and at 01:30 UTC. The window's start
     # must reach the MERGE's condition as the instant it is, whatever the driver's time zone.

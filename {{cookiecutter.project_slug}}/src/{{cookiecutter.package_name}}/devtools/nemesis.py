@@ -394,9 +394,11 @@ class NemesisReport:
     # Committed records a compacted topic's cleaner removed before bronze read them: no longer expected.
     records_compacted_away: int = 0
     oracle_checks: int = 0
-    # The silver sink's commits to silver and quarantine by the way it took (append, MERGE), from the
-    # final tables' logs: what the schedule made it do, both ways being part of the guarantee.
+    # The silver sink's commits to silver and quarantine, and the gold sink's to gold, by the way each
+    # took (append, MERGE), from the final tables' logs: what the schedule made them do, both ways
+    # being part of the guarantee.
     silver_sink_commits: Counter = field(default_factory=Counter)
+    gold_sink_commits: Counter = field(default_factory=Counter)
 
     @property
     def clean(self) -> bool:
@@ -414,6 +416,7 @@ class NemesisReport:
             ("records compacted away before bronze", self.records_compacted_away),
             ("oracle checks", self.oracle_checks),
             *[(f"silver sink commits: {way}", count) for way, count in sorted(self.silver_sink_commits.items())],
+            *[(f"gold sink commits: {way}", count) for way, count in sorted(self.gold_sink_commits.items())],
             ("seconds", round(sum(step.seconds for step in self.steps))),
         ]
         rows += [(f"anomaly: {name}", count) for name, count in sorted(self.anomalies.items())]
@@ -549,6 +552,7 @@ class Nemesis:
         self._take(len(self.report.steps) + 1, "drain", self.drain, final=True)
         for table in ("silver", "quarantine"):
             self.report.silver_sink_commits.update(self._sink_commits(table))
+        self.report.gold_sink_commits.update(self._sink_commits("gold"))
         self.report.records_committed = len(self.ledger.committed)
         self.report.records_aborted = len(self.ledger.aborted)
         return self.report

@@ -1,9 +1,11 @@
 """Gold: silver events counted and summed per tumbling event-time window and dimensions.
 
 The source is silver's Delta stream. Each batch is aggregated per window (``pipeline.gold_window``)
-and the contract's dimensions, then added to gold in a MERGE tagged with (stream id, batch id):
+and the contract's dimensions, then added to gold in a commit tagged with (stream id, batch id):
 addition is not idempotent by itself, the tag is what makes a replayed batch count nothing twice.
-The MERGE reads only the gold files holding the batch's windows.
+When no gold file may hold any of the batch's windows (a catch-up, a stream that moved on to new
+windows), the batch's rows are appended; otherwise a MERGE adds them to the rows of their windows,
+reading only the gold files that hold those windows.
 
 Gold's rows depend on the window size: the window gold was built with is a table property
 (``lakehouse.gold.window``), and a stream started with another one is refused
@@ -24,8 +26,8 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config, duration_seconds
 from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
-from .delta.tables import GOLD, Lakehouse, latest_snapshot, read_properties, set_properties
-from .delta.writes import delta_transaction, retry_conflicts, warm_up_state
+from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
+from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
 from .recovery.lease import check_held
@@ -106,39 +108,69 @@ def _utc(micros: int) -> datetime:
     return EPOCH + timedelta(microseconds=micros)
 
 
-def _touched_windows(aggregates: DataFrame) -> Column | None:
-    # Target columns and literals only, so Delta skips every gold file outside the
-    # batch's windows: a late event adds its own small range, not everything since.
+def touched_windows(aggregates: DataFrame) -> list[tuple[datetime, datetime]]:
+    """The windows of a batch's ``aggregates`` as (first start, last start) ranges (``window_ranges``); [] for none.
+
+    One Spark job: on a cached ``aggregates`` it is the job that fills the cache.
+
+    Example::
+
+        touched_windows(window_aggregates(batch, "1 minute"))  # [(10:00, 10:04), (12:31, 12:31)]
+    """
+    if not isinstance(aggregates, DataFrame):
+        raise TypeError(f"aggregates must be a DataFrame, not {type(aggregates).__name__}")
     # The bounds leave Spark as microseconds since the epoch and come back as UTC datetimes:
     # collected as timestamps they become the driver's local time, ambiguous in the hour a
     # clock repeats once a year, and a window came back an hour off (the MERGE missed its row).
     bounds = aggregates.select(F.unix_micros(WINDOW_START).alias("start"), F.unix_micros(WINDOW_END).alias("end"))
     rows = bounds.distinct().collect()
-    if not rows:
-        return None
-    runs = window_ranges([_utc(r.start) for r in rows], [_utc(r.end) for r in rows])
+    return window_ranges([_utc(r.start) for r in rows], [_utc(r.end) for r in rows])
+
+
+def _window_predicate(windows: list[tuple[datetime, datetime]], prefix: str = "") -> Column:
+    # Table columns and literals only, so Delta skips every gold file outside the batch's
+    # windows: a late event adds its own small range, not everything since.
     return reduce(
         lambda left, right: left | right,
-        [F.col(f"t.{WINDOW_START}").between(F.lit(first), F.lit(last)) for first, last in runs],
+        [F.col(f"{prefix}{WINDOW_START}").between(F.lit(first), F.lit(last)) for first, last in windows],
     )
 
 
 def add_to_windows(
-    aggregates: DataFrame, path: str, app_id: str | None, batch_id: int, contract: Contract = EVENTS
+    aggregates: DataFrame,
+    path: str,
+    app_id: str | None,
+    batch_id: int,
+    contract: Contract = EVENTS,
+    windows: list[tuple[datetime, datetime]] | None = None,
 ) -> None:
     """Add a batch's per-window counts and sums to the gold table.
 
-    Rows match on the contract's gold key (window and dimensions); event_count
-    and every measure sum are added. Addition is not idempotent by itself; the
-    transaction tag is what makes a replayed batch count nothing twice. Only the
-    gold files that hold the batch's windows are read. ``aggregates`` should be
-    cached: its windows are collected before the MERGE.
+    Rows match on the contract's gold key (window and dimensions); event_count and every
+    measure sum are added. Addition is not idempotent by itself; the transaction tag is what
+    makes a replayed batch count nothing twice. ``windows`` are the batch's
+    (``touched_windows``, computed here when None). When no gold file may hold any of them
+    (``may_hold``, asked of the files' statistics), no gold row shares a key with the batch
+    and its rows are appended; otherwise a MERGE reads only the gold files holding them.
+    ``aggregates`` should be cached: it is read once for its windows and once to write.
+
+    Example::
+
+        add_to_windows(window_aggregates(batch, "1 minute").cache(), lakehouse.table(GOLD), stream_id, 7)
     """
     session = aggregates.sparkSession
-    touched = _touched_windows(aggregates)
-    if touched is None:
+    if windows is None:
+        windows = touched_windows(aggregates)
+    if not windows:
         return
-    condition = _same_gold_row(contract) & touched
+    # Asked of gold's newest version; the append that follows is blind. Gold has one writer
+    # (its stream, one lease holder at a time, a fenced id's commit fails), so no row of these
+    # windows can be committed in between. A batch of scattered late events that only straddles
+    # files still takes the MERGE, which is exact either way.
+    if not may_hold(session, path, _window_predicate(windows)):
+        append_idempotent(aggregates, path, app_id, batch_id)
+        return
+    condition = _same_gold_row(contract) & _window_predicate(windows, prefix="t.")
 
     def merge() -> None:
         with delta_transaction(session, app_id, batch_id):
@@ -171,14 +203,15 @@ def stream_writer(
     gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
-        # Aggregated once and cached: the batch is scanned once. (isEmpty() on the batch
-        # was a second scan per batch, and made numInputRows count the rows it read too.)
+        # Aggregated once and cached: the batch is scanned once, by the job that collects its
+        # windows (an empty batch has none). An isEmpty() first was one more job per batch.
         aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
         try:
-            if not aggregates.isEmpty():
+            windows = touched_windows(aggregates)
+            if windows:
                 with crash_points(silver_batch.sparkSession, "gold", batch_id):
                     check_held(lakehouse, "gold")
-                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract)
+                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract, windows)
             check_held(lakehouse, "gold")  # before the checkpoint's sink versions and commit-log entry
             if prepared.stream_id is not None:
                 record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
