@@ -30,6 +30,7 @@ from {{ cookiecutter.package_name }}.bench.peer import (
     write_spec,
 )
 from {{ cookiecutter.package_name }}.bench.recovery import ChildLog, kill_point
+from {{ cookiecutter.package_name }}.bench.report import LATENCY_GOALS, Goal, Metric, Target, format_goals
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 
@@ -108,6 +109,12 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     }
     assert targets & peer_targets == (peer_targets if sdp.installed() else set())
 
+    # The latency work's table: each of its figures measured, with the figure before and the target.
+    assert [goal["name"] for goal in written["goals"]] == [goal.name for goal in LATENCY_GOALS]
+    for goal in written["goals"]:
+        assert goal["now"] == [metrics[key]["value"] for key in goal["keys"]], goal
+        assert goal["met"] in (True, False)
+
     details = written["details"]
     recovery = details["recovery"]
     assert recovery["killed_run"]["killed"]
@@ -168,6 +175,28 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         assert plot.stat().st_size > 0
     else:
         assert not plot.exists()
+
+
+def test_a_goal_is_met_only_when_every_figure_of_it_meets_its_target_and_is_left_out_when_unmeasured():
+    goal = Goal(("silver_vs_floor", "gold_vs_floor"), "one-record batch", (17.8, 11.8), Target("<=", 3))
+    silver = Metric("silver_vs_floor", "silver", 2.5, "ratio")
+
+    assert goal.outcome([silver]) is None
+    assert goal.outcome([silver, Metric("gold_vs_floor", "gold", 3.5, "ratio")])["met"] is False
+    met = goal.outcome([silver, Metric("gold_vs_floor", "gold", 2.9, "ratio")])
+    assert met == {
+        "name": "one-record batch",
+        "keys": ["silver_vs_floor", "gold_vs_floor"],
+        "before": [17.8, 11.8],
+        "now": [2.5, 2.9],
+        "target": "<= 3",
+        "met": True,
+    }
+    assert "one-record batch" in format_goals([met]) and "17.80, 11.80" in format_goals([met])
+    with pytest.raises(ValueError, match="one figure before per key"):
+        Goal(("silver_vs_floor",), "x", (1.0, 2.0), Target("<=", 3))
+    with pytest.raises(ValueError, match="unknown metric keys"):
+        Goal(("silver_latency",), "x", (1.0,), Target("<=", 3))
 
 
 def test_child_log_times_each_stream_from_lines_written_in_pieces(tmp_path):

@@ -196,6 +196,88 @@ class Metric:
         }
 
 
+@dataclass(frozen=True)
+class Goal:
+    """A row of the latency work's target table: its figures (one, or one per layer), what they were
+    when the work began, and the target each must meet."""
+
+    keys: tuple[str, ...]
+    name: str
+    before: tuple[float, ...]
+    target: Target
+
+    def __post_init__(self) -> None:
+        if not self.keys or len(self.keys) != len(self.before):
+            raise ValueError(f"a Goal needs one figure before per key, got {self.keys} and {self.before}")
+        unknown = [key for key in self.keys if key not in METRIC_KEYS]
+        if unknown:
+            raise ValueError(f"unknown metric keys {unknown}: add them to METRIC_KEYS")
+
+    def outcome(self, metrics: list[Metric]) -> dict | None:
+        """This run's figures against the target (None when the run measured not all of them)."""
+        by_key = {metric.key: metric.value for metric in metrics}
+        if any(key not in by_key for key in self.keys):
+            return None
+        now = [by_key[key] for key in self.keys]
+        return {
+            "name": self.name,
+            "keys": list(self.keys),
+            "before": list(self.before),
+            "now": now,
+            "target": str(self.target),
+            "met": all(self.target.met(value) for value in now),
+        }
+
+
+# Seconds of latency and the per-batch cost of silver and gold: the work's table, with the figures
+# measured on this machine when it began (November 2026), printed with every run's own.
+LATENCY_GOALS = (
+    Goal(
+        ("silver_vs_floor", "gold_vs_floor"),
+        "one-record batch / its source into noop: silver, gold",
+        (17.8, 11.8),
+        Target("<=", 3),
+    ),
+    Goal(("latency_fast_gold_p95_s",), "Kafka -> gold p95 at the fastest trigger (s)", (23.8,), Target("<=", 3)),
+    Goal(("bronze_vs_source",), "bronze / Spark Kafka -> noop ceiling", (0.25,), Target(">=", 0.5)),
+    Goal(("gold_merge_scaling",), "gold MERGE at ~1M windows / at ~1k", (1.56,), Target("<=", 1.2)),
+    Goal(("exactly_once_cost",), "exactly-once / at-least-once", (1.14,), Target("<=", 1.1)),
+)
+
+
+def goal_outcomes(metrics: list[Metric], goals: tuple[Goal, ...] = LATENCY_GOALS) -> list[dict]:
+    """Each goal's outcome in this run, in the goals' order; a goal the run did not measure is left out.
+
+    Example::
+
+        goal_outcomes([Metric("exactly_once_cost", "exactly-once / at-least-once", 1.01, "ratio")])
+        # [{"name": "exactly-once / at-least-once", "before": [1.14], "now": [1.01], "met": True, ...}]
+    """
+    if not all(isinstance(metric, Metric) for metric in metrics):
+        raise TypeError("metrics must be Metric objects")
+    return [outcome for goal in goals if (outcome := goal.outcome(metrics)) is not None]
+
+
+def format_goals(outcomes: list[dict]) -> str:
+    """The latency work's table: figure, before, this run, target, met.
+
+    Example::
+
+        print(format_goals(goal_outcomes(metrics)))
+    """
+
+    def figures(values: list[float]) -> str:
+        return ", ".join(f"{value:.2f}" for value in values)
+
+    lines = [f"{'latency work':<56} {'before':>12} {'now':>12} {'target':<8} met", "-" * 96]
+    for outcome in outcomes:
+        lines.append(
+            f"{outcome['name']:<56} {figures(outcome['before']):>12} {figures(outcome['now']):>12} "
+            f"{outcome['target']:<8} {'yes' if outcome['met'] else 'no'}"
+        )
+    return "\n".join(lines)
+
+
 def load_average() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
@@ -308,6 +390,9 @@ def publish(results: dict, metrics: list[Metric], output_dir: Path) -> None:
     print(format_table(metrics))
     print()
     print(format_targets(metrics))
+    if results.get("goals"):
+        print()
+        print(format_goals(results["goals"]))
     missed = [m.name for m in metrics if m.met is False]
     print(
         f"targets met: {sum(1 for m in metrics if m.met)} of {sum(1 for m in metrics if m.target)}"

@@ -34,7 +34,7 @@ from . import (
 )
 from .harness import Bench, say
 from .load import produce_backlog
-from .report import METRIC_KEYS, load_average, machine_info, publish
+from .report import METRIC_KEYS, goal_outcomes, load_average, machine_info, publish
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, Sizes
 
 
@@ -121,6 +121,7 @@ def run_bench(
         "sizes": dataclasses.asdict(sizes),
         "bronze_batch": bench.kafka.max_offsets_per_trigger,
         "metrics": [metric.as_dict() for metric in metrics],
+        "goals": goal_outcomes(metrics),
         "details": bench.details,
     }
     publish(results, metrics, output_dir)
