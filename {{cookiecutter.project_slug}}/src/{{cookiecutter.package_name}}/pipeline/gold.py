@@ -158,6 +158,8 @@ def add_to_windows(
 
         add_to_windows(window_aggregates(batch, "1 minute").cache(), lakehouse.table(GOLD), stream_id, 7)
     """
+    if not path:
+        raise ValueError("path must name a Delta table")
     session = aggregates.sparkSession
     if windows is None:
         windows = touched_windows(aggregates)
