@@ -42,6 +42,21 @@ def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
     assert described["streams"]["silver"]["source"] == described["tables"]["bronze_events"]
 
 
+def test_describe_in_the_fused_mode_lists_one_stream_writing_the_four_tables(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(tmp_path / "lake"))
+    monkeypatch.setenv("PIPELINE_MODE", "fused")
+
+    assert main(["describe", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+
+    assert described["mode"] == "fused"
+    assert list(described["streams"]) == ["fused"]
+    assert list(described["streams"]["fused"]["sinks"]) == [BRONZE, SILVER, QUARANTINE, GOLD]
+    monkeypatch.setenv("PIPELINE_MODE", "fast")
+    assert main(["describe"]) == 2
+    assert "pipeline.mode" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "configured, expected",
     [

@@ -23,13 +23,21 @@ from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batch
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
-from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds, load_config
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
+from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
-from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR, POINTS
+from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import (
+    AFTER_SINK_COMMIT,
+    BETWEEN_SINK_COMMITS,
+    CRASH_POINT_VAR,
+    FUSED_POINTS,
+    POINTS,
+)
+from {{ cookiecutter.package_name }}.pipeline.streams import reset_fused, run_available_now, switch_mode
 
 # A short schedule for the suite; `nemesis --actions 100` is the long run (see docs/runbook.md).
 # This seed draws every kind of fault the test asserts with one freeze (a freeze costs three
@@ -110,6 +118,75 @@ def test_a_crash_at_each_batch_boundary_of_each_stream_loses_and_doubles_nothing
             assert spark.read.format("delta").load(lakehouse.table(QUARANTINE)).count() == 0
     recovered = pipeline("run", "--layer", "all", "--available-now", env=pipeline_env(config))
     assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+@pytest.mark.faults
+@pytest.mark.storage
+def test_the_fused_stream_killed_after_each_of_its_four_commits_loses_and_doubles_nothing(spark, config):
+    ledger = committed_ledger(config, 120, seed=37)
+    lakehouse = Lakehouse(config.lakehouse_root)
+
+    def count(name: str) -> int:
+        return spark.read.format("delta").load(lakehouse.table(name)).count()
+
+    # One chain, each run replaying the batch the run before it was killed in: the replay after the
+    # silver commit must add to gold exactly the rows that commit added (read back at its version).
+    for point in (*FUSED_POINTS, AFTER_SINK_COMMIT):
+        crash_at = f"fused:{point}:0"
+        crashed = pipeline(
+            "run", "--available-now", env=pipeline_env(config, PIPELINE_MODE="fused", **{CRASH_POINT_VAR: crash_at})
+        )
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+        assert f"crash point {crash_at}" in crashed.stderr
+        assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1, crash_at
+        if point in FUSED_POINTS[1:]:
+            # The window is real: silver (and then quarantine) hold the batch, gold nothing of it yet.
+            assert count(SILVER) > 0 and count(GOLD) == 0, crash_at
+    recovered = pipeline("run", "--available-now", env=pipeline_env(config, PIPELINE_MODE="fused"))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert count(QUARANTINE) > 0
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+@pytest.mark.faults
+def test_switching_to_fused_and_back_hands_every_record_over_once_and_a_lost_fused_checkpoint_is_reset(
+    spark, config, lakehouse_files
+):
+    ledger = Ledger()
+    fused = config.model_copy(update={"mode": Mode.FUSED})
+
+    def produce(run: str) -> None:
+        produce_numbered(client_config(config), config.kafka.topics[0], run, 40, 7, ledger, 0.0)
+
+    produce("layered-1")
+    run_available_now(spark, config)
+    produce("fused-1")
+    with pytest.raises(checkpoints.CheckpointError, match="checkpoints switch fused"):
+        run_available_now(spark, fused)
+    # Bronze has read the second run, silver and gold not yet: the switch lets them finish first.
+    run_available_now(spark, config, ("bronze",))
+    assert "silver holds bronze" in switch_mode(spark, config, Mode.FUSED)
+    produce("fused-2")
+    run_available_now(spark, fused)
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+    # The audit's cut in this mode: the fused stream's last batch, each table where it left it.
+    assert run_audit(spark, fused).as_dict()["verdict"] == "clean"
+    with pytest.raises(checkpoints.CheckpointError, match="checkpoints switch layered"):
+        run_available_now(spark, config, ("silver",))
+
+    # Lost, the fused checkpoint says nothing of its last batch: its start refuses, its reset rebuilds.
+    lakehouse_files.remove(Lakehouse(config.lakehouse_root).checkpoint("fused"))
+    produce("fused-3")
+    with pytest.raises(checkpoints.CheckpointError, match="checkpoints reset fused"):
+        run_available_now(spark, fused)
+    reset_fused(spark, fused)
+    run_available_now(spark, fused)
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+    assert "silver starts at bronze version" in switch_mode(spark, config, Mode.LAYERED)
+    produce("layered-2")
+    run_available_now(spark, config)
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
 
 

@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     Lakehouse,
     ensure_tables,
 )
+from {{ cookiecutter.package_name }}.pipeline.fused import rows_new_to_silver
 from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_ranges
 from {{ cookiecutter.package_name }}.pipeline.silver import insert_new_kafka_records, kafka_key_ranges
 
@@ -211,6 +212,32 @@ def test_a_recreated_topics_records_at_offsets_already_held_are_inserted_and_a_r
 
     rows = spark.read.format("delta").load(quarantine).select("topic_id", "offset").collect()
     assert sorted(tuple(row) for row in rows) == [("id-1", o) for o in range(5)] + [("id-2", o) for o in range(3)]
+
+
+def test_the_rows_a_fused_batch_adds_to_silver_are_the_same_before_its_commit_and_in_its_replay(spark, lakehouse):
+    # Any table keyed on the Kafka coordinates serves: quarantine's rows are the shortest to write.
+    table = lakehouse.table(QUARANTINE)
+
+    def batch(offsets):
+        return spark.createDataFrame([quarantine_row("a", 0, offset) for offset in offsets], QUARANTINE_SCHEMA)
+
+    def offsets(rows) -> list[int]:
+        return sorted(row.offset for row in rows.collect())
+
+    first = batch(range(0, 5))
+    assert rows_new_to_silver(first, table, kafka_key_ranges(first), "fused-stream", 0) is first  # no file: all new
+    writes.append_idempotent(first, table, "fused-stream", 0)
+    overlapping = batch(range(3, 8))
+    ranges = kafka_key_ranges(overlapping)
+    added = rows_new_to_silver(overlapping, table, ranges, "fused-stream", 1)
+    assert offsets(added) == [5, 6, 7]
+    writes.append_idempotent(added, table, "fused-stream", 1)
+
+    # Replayed after its commit, and after a compaction committed since: the rows that commit added.
+    assert offsets(rows_new_to_silver(overlapping, table, ranges, "fused-stream", 1)) == [5, 6, 7]
+    DeltaTable.forPath(spark, table).optimize().executeCompaction()
+    assert offsets(rows_new_to_silver(overlapping, table, ranges, "fused-stream", 1)) == [5, 6, 7]
+    assert offsets(spark.read.format("delta").load(table)) == list(range(8))
 
 
 def test_a_compaction_committed_during_a_merge_makes_it_retry_and_still_insert_once(spark, lakehouse, caplog, tmp_path):

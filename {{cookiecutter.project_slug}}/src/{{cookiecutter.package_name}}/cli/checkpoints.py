@@ -11,8 +11,10 @@ from collections.abc import Callable
 from ..pipeline import bronze as bronze_layer
 from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
-from ..pipeline.config import Config, duration_seconds
+from ..pipeline.config import Config, Mode, duration_seconds
 from ..pipeline.delta.tables import (
+    FUSED,
+    LAYERS,
     STREAMS,
     Lakehouse,
     Stream,
@@ -41,12 +43,23 @@ def register(commands) -> None:
         handler=lambda config, args: list_checkpoints(config, args.json, spark_session(config, "checkpoints"))
     )
     reset = actions.add_parser("reset", help="reset a stream and everything downstream of it")
-    reset.add_argument("stream", choices=["bronze", "silver", "gold", *installed_names()])
+    reset.add_argument("stream", choices=["bronze", "silver", "gold", FUSED.name, *installed_names()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
     reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
     reset.set_defaults(
         handler=lambda config, args: reset_checkpoints(
             config, args.stream, args.yes, lambda: spark_session(config, "checkpoints"), args.only
+        )
+    )
+
+    switch = actions.add_parser(
+        "switch", help="hand the lakehouse over to the layered streams or to the fused stream, exactly"
+    )
+    switch.add_argument("mode", choices=[mode.value for mode in Mode])
+    switch.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    switch.set_defaults(
+        handler=lambda config, args: switch_mode(
+            config, Mode(args.mode), args.yes, lambda: spark_session(config, "checkpoints")
         )
     )
 
@@ -100,9 +113,10 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
         list_checkpoints(config, as_json=False, spark=spark)  # prints, returns 0
     """
     lakehouse = Lakehouse(config.lakehouse_root)
-    streams = {**STREAMS, **{name: egress_stream(name) for name in configured(config)}}
+    layers = {FUSED.name: FUSED} if config.mode is Mode.FUSED else STREAMS
+    streams = {**layers, **{name: egress_stream(name) for name in configured(config)}}
     listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
-    gold = listing[gold_layer.STREAM]
+    gold = listing[FUSED.name if config.mode is Mode.FUSED else gold_layer.STREAM]
     gold["refusal"] = gold["refusal"] or gold_layer.window_refusal(spark, lakehouse, config.gold_window)
     if as_json:
         print(json.dumps(listing, indent=2))
@@ -168,6 +182,8 @@ def reset_checkpoints(
 
         reset_checkpoints(config, "gold", yes=True, make_spark=lambda: spark)  # 0
     """
+    if stream == FUSED.name:
+        return _reset_fused(config, yes, make_spark)
     lakehouse = Lakehouse(config.lakehouse_root)
     # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
     if stream not in STREAMS:
@@ -214,6 +230,68 @@ def reset_checkpoints(
             f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}; its stream goes on "
             f"from the next {each.source} version"
         )
+    return ExitCode.OK
+
+
+def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object]) -> int:
+    lakehouse = Lakehouse(config.lakehouse_root)
+    what = (
+        f"delete the checkpoint {lakehouse.checkpoint(FUSED.name)}, rebuild silver and quarantine from bronze and "
+        "gold from silver under the current event contract (one commit replaces each table), and start the fused "
+        "stream after the Kafka offsets bronze holds"
+    )
+    refused = confirmation(
+        yes,
+        lambda: Refusal.RESET_UNCONFIRMED.message(FUSED.name, names=FUSED.name, what=what, target=FUSED.name),
+        f"This will {what}.\nReset fused? ",
+        "nothing reset",
+    )
+    if refused is not None:
+        return refused
+    spark = make_spark()
+    ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    try:
+        with holding(spark, lakehouse, [*LAYERS, FUSED.name], "Then run `checkpoints reset fused` again.", ttl_s):
+            with LiveLine(spark, "resetting fused: rebuilding tables"):
+                done = pipeline_streams.reset_fused(spark, config)
+    except (LeaseHeld, TableSchemaError) as error:
+        print(f"refusing to reset fused: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    for each in done:
+        rows = ", ".join(f"{table} {count} rows" for table, count in each.rows.items())
+        print(f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}")
+    print("reset fused; it resumes after the Kafka offsets bronze holds")
+    return ExitCode.OK
+
+
+def switch_mode(config: Config, to: Mode, yes: bool, make_spark: Callable[[], object]) -> int:
+    """Hand the lakehouse over to the streams of mode ``to`` (``streams.switch_mode``); asks on a terminal,
+    needs ``yes`` otherwise. Refuses (exit 3) while any stream of either mode runs.
+
+    Example::
+
+        switch_mode(config, Mode.FUSED, yes=True, make_spark=lambda: spark)  # 0
+    """
+    what = (
+        f"let the {'silver and gold streams' if to is Mode.FUSED else 'fused stream'} finish what they read, "
+        f"end their checkpoints and start the {to.value} streams where they stopped"
+    )
+    refused = confirmation(
+        yes,
+        lambda: Refusal.SWITCH_UNCONFIRMED.message("switch", mode=to.value, what=what),
+        f"This will {what}.\nSwitch to {to.value}? ",
+        "nothing switched",
+    )
+    if refused is not None:
+        return refused
+    spark = make_spark()
+    try:
+        with LiveLine(spark, f"switching to {to.value}"):
+            done = pipeline_streams.switch_mode(spark, config, to)
+    except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
+        print(f"refusing to switch to {to.value}: {error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(f'switched to {to.value}: {done}; set pipeline.mode = "{to.value}" for `run`')
     return ExitCode.OK
 
 

@@ -20,7 +20,9 @@ from .live import LiveLine
 
 def register(commands) -> None:
     run_parser = commands.add_parser("run", help="run pipeline streams")
-    run_parser.add_argument("--layer", choices=["bronze", "silver", "gold", *installed_names(), "all"], default="all")
+    run_parser.add_argument(
+        "--layer", choices=["bronze", "silver", "gold", "fused", *installed_names(), "all"], default="all"
+    )
     run_parser.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
     run_parser.set_defaults(handler=run)
 
@@ -135,10 +137,12 @@ def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
 
 def describe(config: Config) -> dict:
     """The streams, tables, checkpoints and egresses of ``config`` as plain data (`describe --json`)."""
-    from ..pipeline.delta.tables import SCHEMAS, STREAMS, Lakehouse
+    from ..pipeline.config import Mode
+    from ..pipeline.delta.tables import FUSED, SCHEMAS, STREAMS, Lakehouse
     from ..pipeline.egress import configured
 
     lakehouse = Lakehouse(config.lakehouse_root)
+    streams = {FUSED.name: FUSED} if config.mode is Mode.FUSED else STREAMS
     egress = {
         name: {
             "source": f"change data feed of {lakehouse.table(STREAMS['gold'].sinks[0])}",
@@ -149,6 +153,7 @@ def describe(config: Config) -> dict:
     }
     return {
         "env": config.env,
+        "mode": config.mode.value,
         "lakehouse_root": config.lakehouse_root,
         "streams": {
             name: {
@@ -159,7 +164,7 @@ def describe(config: Config) -> dict:
                 "checkpoint": lakehouse.checkpoint(name),
                 "downstream": list(stream.downstream),
             }
-            for name, stream in STREAMS.items()
+            for name, stream in streams.items()
         },
         "tables": {name: lakehouse.table(name) for name in SCHEMAS},
         "egress": egress,
@@ -171,7 +176,7 @@ def print_description(config: Config, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(description, indent=2))
         return ExitCode.OK
-    print(f"env {description['env']}, lakehouse {description['lakehouse_root']}")
+    print(f"env {description['env']}, {description['mode']} mode, lakehouse {description['lakehouse_root']}")
     for name, stream in description["streams"].items():
         print(f"stream {name}: {stream['source']} -> {', '.join(stream['sinks'].values())}")
         print(f"  checkpoint {stream['checkpoint']}")

@@ -87,6 +87,56 @@ def with_topic_ids(bronze_rows: DataFrame, topic_ids: dict[str, str]) -> DataFra
     return bronze_rows.select(*columns[:at], topic_id.alias("topic_id"), *columns[at:])
 
 
+class KafkaIngest:
+    """Kafka's records as bronze rows, for the stream that writes bronze: bronze's own, or the fused one.
+
+    ``rows`` is the streaming DataFrame; ``identified`` gives a micro-batch of it its topics' ids, checked
+    against Kafka before each batch (a topic created again since the start is refused before anything is
+    written), and records where the stream's first checkpoint began reading.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: Config,
+        lakehouse: Lakehouse,
+        prepared: checkpoints.Prepared,
+        stream: str = "bronze",
+    ):
+        options = spark_source_options(config)
+        checkpoint = lakehouse.checkpoint(stream)
+        resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
+        self._sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+        needed, after_rows = offsets_at_start(
+            spark,
+            config,
+            lakehouse,
+            self._sources.recorded_ids,
+            prepared.stream_id,
+            resuming,
+            prepared.lost_checkpoint,
+            stream,
+        )
+        # Until batch 0 commits (its replay included), this is the stream's first checkpoint starting.
+        self._first_start = not after_rows and checkpoints.last_committed_batch(spark, checkpoint) is None
+        if after_rows:
+            options["startingOffsets"] = needed
+            log.warning("%s: no offsets in its checkpoint; resuming after the offsets in bronze: %s", stream, needed)
+        check_retained(spark, config, lakehouse, needed, self._sources.recorded_ids)
+        self._lakehouse, self._stream = lakehouse, stream
+        kafka_rows = spark.readStream.format("kafka").options(**options).load()
+        # Applied to the stream, not per batch: here current_timestamp() is the batch
+        # time from the offset log, the same when the batch is replayed.
+        self.rows = bronze_records(kafka_rows)
+
+    def identified(self, rows: DataFrame, batch_id: int) -> DataFrame:
+        """The batch's ``rows`` with their topics' ids, as bronze holds them."""
+        topic_ids = self._sources.topic_ids()
+        if self._first_start and batch_id == 0:
+            record_first_offsets(rows.sparkSession, self._lakehouse, topic_ids, self._stream)
+        return with_topic_ids(rows, topic_ids)
+
+
 def stream_writer(
     spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared
 ) -> DataStreamWriter:
@@ -96,39 +146,20 @@ def stream_writer(
 
         bronze.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    options = spark_source_options(config)
-    checkpoint = lakehouse.checkpoint("bronze")
     bronze_path = lakehouse.table(BRONZE)
-    resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
-    sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
-    needed, after_rows = offsets_at_start(
-        spark, config, lakehouse, sources.recorded_ids, prepared.stream_id, resuming, prepared.lost_checkpoint
-    )
-    # Until batch 0 commits (its replay included), this is bronze's first checkpoint starting.
-    first_start = not after_rows and checkpoints.last_committed_batch(spark, checkpoint) is None
-    if after_rows:
-        options["startingOffsets"] = needed
-        log.warning("bronze: no offsets in its checkpoint; resuming after the offsets in bronze: %s", needed)
-    check_retained(spark, config, lakehouse, needed, sources.recorded_ids)
+    ingest = KafkaIngest(spark, config, lakehouse, prepared)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
-        # Asked before each batch: a topic created again since the start is refused before anything is written.
-        topic_ids = sources.topic_ids()
-        identified = with_topic_ids(rows, topic_ids)
-        if first_start and batch_id == 0:
-            record_first_offsets(rows.sparkSession, lakehouse, topic_ids)
+        identified = ingest.identified(rows, batch_id)
         with crash_points(rows.sparkSession, "bronze", batch_id):
             check_held(lakehouse, "bronze")
             append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
         check_held(lakehouse, "bronze")  # before Spark's commit-log entry
 
-    kafka_rows = spark.readStream.format("kafka").options(**options).load()
-    # Applied to the stream, not inside write_batch: here current_timestamp() is
-    # the batch time from the offset log, the same when the batch is replayed.
-    return bronze_records(kafka_rows).writeStream.foreachBatch(write_batch)
+    return ingest.rows.writeStream.foreachBatch(write_batch)
 
 
-def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> None:
+def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream: str = "bronze") -> None:
     """Refuse bronze when the topics changed in a way Spark's source stops on for good; name the exact way out.
 
     Spark counts a topic dropped from the subscription as lost partitions, and an added one whose
@@ -139,7 +170,7 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
 
         check_subscription(spark, config, Lakehouse("/data/lake"))  # or CheckpointError
     """
-    checkpoint = lakehouse.checkpoint("bronze")
+    checkpoint = lakehouse.checkpoint(stream)
     offsets = checkpoints.committed_offsets(spark, checkpoint)
     if offsets is None or not config.kafka.fail_on_data_loss:
         return
@@ -155,7 +186,7 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
         found.append("added above offset 0: " + ", ".join(f"{tp} starts at offset {o}" for tp, o in late.items()))
     raise checkpoints.CheckpointError(
         Refusal.SUBSCRIPTION_CHANGED.message(
-            "bronze", checkpoint=checkpoint, read=sorted(read), wanted=sorted(wanted), changes="; ".join(found)
+            stream, checkpoint=checkpoint, read=sorted(read), wanted=sorted(wanted), changes="; ".join(found)
         )
     )
 
@@ -180,14 +211,16 @@ def check_retained(
     log.warning("bronze: Kafka deleted records before bronze read them, recorded as lost on bronze: %s", described)
 
 
-def record_first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> None:
+def record_first_offsets(
+    spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str], stream: str = "bronze"
+) -> None:
     """Record on bronze where its first checkpoint began reading each partition (``FIRST_OFFSETS``); a
     partition recorded already keeps its first offset.
 
     Spark's Kafka source resolves its starting offsets once and keeps them in the checkpoint
     (``initial_offsets``), so a start at "latest" is known exactly, whenever its first batch runs.
     """
-    started = retention.needed_offsets(initial_offsets(spark, lakehouse.checkpoint("bronze")))
+    started = retention.needed_offsets(initial_offsets(spark, lakehouse.checkpoint(stream)))
     if not started:
         return
     entries = _first_offset_entries(spark, lakehouse)
@@ -209,6 +242,7 @@ def offsets_at_start(
     stream_id: str | None,
     resuming: bool,
     lost_checkpoint: bool = False,
+    stream: str = "bronze",
 ) -> tuple[str | None, bool]:
     """What a start of bronze needs next from Kafka (an offsets JSON; None when it starts at
     ``kafka.starting_offsets``), and whether it starts after the rows bronze holds rather than where
@@ -225,13 +259,15 @@ def offsets_at_start(
         # ('{"events": {"0": 120}}', True)
     """
     if resuming and not lost_checkpoint:
-        return next_offsets(spark, lakehouse, stream_id), False
+        return next_offsets(spark, lakehouse, stream_id, stream), False
     if lost_checkpoint or table_has_rows(spark, lakehouse.table(BRONZE)):
         return resume_offsets(spark, config, lakehouse, topic_ids), True
     return None, False
 
 
-def next_offsets(spark: SparkSession, lakehouse: Lakehouse, stream_id: str | None) -> str | None:
+def next_offsets(
+    spark: SparkSession, lakehouse: Lakehouse, stream_id: str | None, stream: str = "bronze"
+) -> str | None:
     """The offsets JSON a resuming bronze reads Kafka from next: where the last batch bronze holds ended, or,
     before any, where its checkpoint began.
 
@@ -239,8 +275,8 @@ def next_offsets(spark: SparkSession, lakehouse: Lakehouse, stream_id: str | Non
     the table has from stream ``stream_id``: a batch appended before a crash, and so not yet in the commit
     log, is replayed without reading Kafka (its append is found done), so its records are not needed again.
     """
-    checkpoint = lakehouse.checkpoint("bronze")
-    held = read_sink_progress(spark, BRONZE, lakehouse.table(BRONZE), "bronze", stream_id).txn_batch
+    checkpoint = lakehouse.checkpoint(stream)
+    held = read_sink_progress(spark, BRONZE, lakehouse.table(BRONZE), stream, stream_id).txn_batch
     batches = [batch for batch in (checkpoints.last_committed_batch(spark, checkpoint), held) if batch is not None]
     if not batches:
         return initial_offsets(spark, checkpoint)

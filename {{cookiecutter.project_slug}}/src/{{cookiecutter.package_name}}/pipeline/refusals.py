@@ -34,6 +34,8 @@ REBUILDS = {
     "silver": "silver and quarantine are rebuilt from bronze and gold from silver, each beside its table "
     "and swapped in",
     "gold": "gold is rebuilt from silver beside the table and replaces its rows in one commit",
+    "fused": "silver and quarantine are rebuilt from bronze and gold from silver, each beside its table "
+    "and swapped in; the fused stream resumes Kafka after the offsets bronze holds",
 }
 OTHER_STREAM_REBUILDS = "the stream and everything downstream start over consistently"
 # An Entry's ``egress`` for a refusal every egress stream can meet.
@@ -137,6 +139,25 @@ class Refusal(Enum):
         found="checkpoint {checkpoint} is missing while {tables} already holds aggregates; "
         "starting over would count them twice.",
         way_out="{reset}: {rebuilds}.",
+    )
+    OTHER_MODE = Entry(
+        title="A stream of the other mode",
+        happened="`pipeline.mode` was changed (or one stream of the other mode was started by name) on a "
+        "lakehouse the other mode's streams carry on",
+        found="the {other} streams ({streams}) carry this lakehouse on (checkpoints {checkpoints}); a {mode} "
+        "stream beside them would read Kafka or its source table again from older positions and count records "
+        "twice.",
+        way_out="stop them, then `checkpoints switch {mode}`: it lets them finish what they read, ends their "
+        'checkpoints and starts the {mode} streams exactly where they stopped; set `pipeline.mode = "{mode}"`.',
+    )
+    SWITCH_OVERTAKEN = Entry(
+        title="A layered stream that wrote while the switch to fused ran",
+        happened="a bronze or silver process started during `checkpoints switch fused`, after the switch let "
+        "silver and gold finish and before it took their leases",
+        found="{source} version {version} adds rows after {reader} read {source} to its end, while the switch "
+        "ran: a {source} stream wrote meanwhile, and the fused stream would never add them to {reader}.",
+        way_out="stop every stream, then run `checkpoints switch fused` again: it lets silver and gold read them "
+        "first.",
     )
     METADATA_UNREADABLE = Entry(
         title="Empty or edited checkpoint metadata",
@@ -342,6 +363,14 @@ class Refusal(Enum):
         found="refusing to reset {names} without confirmation: this would {what}. Not on a terminal, so nothing "
         "can ask.",
         way_out="run `checkpoints reset {target} --yes` to do it.",
+        prefixed=False,
+    )
+    SWITCH_UNCONFIRMED = Entry(
+        title="A switch of modes nobody confirmed",
+        happened="`checkpoints switch` ran where nothing can ask (not on a terminal) without `--yes`",
+        found="refusing to switch to the {mode} mode without confirmation: this would {what}. Not on a terminal, "
+        "so nothing can ask.",
+        way_out="run `checkpoints switch {mode} --yes` to do it.",
         prefixed=False,
     )
     LOSS_UNCONFIRMED = Entry(

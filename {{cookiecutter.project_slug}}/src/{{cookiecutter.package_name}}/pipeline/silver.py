@@ -221,12 +221,18 @@ def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
     )
 
 
-def _range_predicate(ranges: list[Row], prefix: str = "") -> Column:
+def offset_range_predicate(ranges: list[Row], prefix: str = "") -> Column:
     """True for a row of one of the batch's (topic, topic id, partition) within its offset range.
 
     Only the table's columns and literals: Delta skips every file whose offset statistics fall
     outside the batch, so what it costs follows the batch size, not the table size.
+
+    Example::
+
+        table.where(offset_range_predicate(kafka_key_ranges(batch)))  # the rows of the batch's offsets
     """
+    if not ranges:
+        raise ValueError("ranges must hold at least one (topic, topic_id, partition) range")
     return reduce(
         lambda left, right: left | right,
         [
@@ -261,7 +267,7 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
     # one stream, a stream one holder, and a holder that lost its lease is fenced (its commit
     # fails). A writer from outside that adds the same records at that moment is not stopped,
     # and the audit names it (silver_duplicates), as it does one that adds them a moment later.
-    if not may_hold(session, path, _range_predicate(ranges)):
+    if not may_hold(session, path, offset_range_predicate(ranges)):
         # One file per Kafka partition, as the MERGE writes (Delta repartitions its output by
         # the table's partition columns): no file spans two partitions' offsets.
         append_idempotent(rows.repartition(*KAFKA_PARTITION_COLUMNS), path, app_id, batch_id)
@@ -271,7 +277,7 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
         & (F.col("t.topic_id") == F.col("s.topic_id"))
         & (F.col("t.partition") == F.col("s.partition"))
         & (F.col("t.offset") == F.col("s.offset"))
-        & _range_predicate(ranges, prefix="t.")
+        & offset_range_predicate(ranges, prefix="t.")
     )
 
     def merge() -> None:
@@ -307,7 +313,7 @@ def stream_writer(
                 ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
                 rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
                 if rejected:
-                    report_quarantine("silver", batch_id, records, rejected, _reasons(parsed, rejected, records))
+                    report_quarantine("silver", batch_id, records, rejected, reason_counts(parsed, rejected, records))
                 # Two tables, two commits: each is idempotent on its own, so a crash
                 # between them is repaired by the replay writing only the second. A table
                 # with nothing to insert is left alone (a replay finds nothing either):
@@ -332,7 +338,16 @@ def stream_writer(
     return source_stream(spark, lakehouse, "silver", prepared.stream_id).writeStream.foreachBatch(write_batch)
 
 
-def _reasons(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
+def reason_counts(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
+    """The five most frequent reasons among a batch's ``parsed`` rows, when the share ``rejected`` of
+    ``records`` calls for a look; {} below it.
+
+    Example::
+
+        report_quarantine("silver", 7, 500, 120, reason_counts(parsed, 120, 500))
+    """
+    if rejected < 0 or records < rejected:
+        raise ValueError(f"rejected must be between 0 and records, got {rejected} of {records}")
     # Counted only when the share calls for a look (one more small job); a few malformed records are normal.
     if rejected < records * QUARANTINE_ALERT_SHARE:
         return {}

@@ -23,21 +23,40 @@ Exactly-once, end to end, rests on three parts:
 from __future__ import annotations
 
 import dataclasses
+import json
+import uuid
 from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from . import bronze, gold, silver
-from .config import Config, duration_seconds
+from . import bronze, fused, gold, silver
+from .config import Config, Mode, duration_seconds
 from .contract import EVENTS, Contract
-from .delta.tables import BRONZE, LAYERS, STREAMS, Lakehouse, Stream, ensure_tables, table_exists
+from .delta.tables import (
+    BRONZE,
+    FUSED,
+    LAYERS,
+    SILVER,
+    STREAMS,
+    Lakehouse,
+    Stream,
+    commit_actions,
+    ensure_tables,
+    latest_snapshot,
+    read_properties,
+    set_properties,
+    table_exists,
+    with_downstream,
+)
 from .delta.writes import Delivery, cancel_warm_ups
 from .egress import configured
 from .egress import stream as egress_stream
 from .kafka import identity
 from .recovery import checkpoints, lease, rebuild
+from .recovery.sink_progress import IDENTITY_PROPERTY, START_PROPERTY
+from .refusals import Refusal
 
 
 def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> dict:
@@ -50,7 +69,7 @@ def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> d
     """
     if available_now:
         return {"availableNow": True}
-    if layer == "bronze":
+    if layer in ("bronze", FUSED.name):
         return {"processingTime": config.trigger_interval}
     interval = min(
         (config.trigger_interval, config.downstream_trigger_interval),
@@ -74,7 +93,7 @@ def start_stream(
         start_stream(spark, config, "silver", available_now=True).awaitTermination()
     """
     egresses = configured(config)
-    if layer not in STREAMS and layer not in egresses:
+    if layer not in STREAMS and layer != FUSED.name and layer not in egresses:
         raise ValueError(f"layer must be one of {', '.join(stream_names(config))}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
@@ -84,11 +103,12 @@ def start_stream(
     stream_lease.heartbeat()  # renewed while the stream starts, too
     try:
         # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
-        stream = STREAMS.get(layer) or egress_stream(layer)
+        stream = STREAMS.get(layer) or (FUSED if layer == FUSED.name else egress_stream(layer))
+        check_mode(spark, lakehouse, layer)
         prepared = checkpoints.prepare(spark, lakehouse, stream)
-        if layer == "bronze":
-            bronze.check_subscription(spark, config, lakehouse)
-        if layer == gold.STREAM:
+        if layer in ("bronze", FUSED.name):
+            bronze.check_subscription(spark, config, lakehouse, layer)
+        if layer in (gold.STREAM, FUSED.name):
             gold.check_window(spark, lakehouse, config.gold_window)
         if delivery is Delivery.AT_LEAST_ONCE:
             prepared = dataclasses.replace(prepared, stream_id=None)
@@ -96,6 +116,7 @@ def start_stream(
             "bronze": lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
             "silver": lambda: silver.stream_writer(spark, lakehouse, prepared, contract),
             "gold": lambda: gold.stream_writer(spark, config, lakehouse, prepared, contract),
+            FUSED.name: lambda: fused.stream_writer(spark, config, lakehouse, prepared, contract),
             **{
                 name: (lambda module=module: module.start(spark, config, lakehouse, prepared.stream_id, contract))
                 for name, module in egresses.items()
@@ -116,8 +137,56 @@ def start_stream(
 
 
 def stream_names(config: Config) -> tuple[str, ...]:
-    """Every stream the config runs: the three layers, then each egress it turns on."""
-    return (*LAYERS, *configured(config))
+    """Every stream the config runs: the three layers (or the fused stream), then each egress it turns on."""
+    layers = (FUSED.name,) if config.mode is Mode.FUSED else LAYERS
+    return (*layers, *configured(config))
+
+
+def streams_holding_the_lakehouse(spark: SparkSession, lakehouse: Lakehouse, mode: Mode) -> list[str]:
+    """The streams of ``mode`` that have a checkpoint in ``lakehouse`` (an id in its metadata).
+
+    Example::
+
+        streams_holding_the_lakehouse(spark, Lakehouse("/data/lake"), Mode.LAYERED)  # ["bronze", "silver", "gold"]
+    """
+    if not isinstance(mode, Mode):
+        raise TypeError(f"mode must be a Mode, not {type(mode).__name__}")
+    names = (FUSED.name,) if mode is Mode.FUSED else LAYERS
+    return [
+        name
+        for name in names
+        if checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(name), name) is not None
+    ]
+
+
+def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str) -> None:
+    """Refuse a stream of one mode on a lakehouse whose tables the other mode's streams carry on.
+
+    The layered bronze stream would read Kafka again from its own, older offsets, and the layered gold
+    would add silver rows the fused stream added already (and the other way round): the two modes
+    never run side by side, and one hands over to the other with ``switch_mode``.
+
+    Example::
+
+        check_mode(spark, Lakehouse("/data/lake"), "fused")  # or CheckpointError naming `checkpoints switch fused`
+    """
+    if layer == FUSED.name:
+        mode, other = Mode.FUSED, Mode.LAYERED
+    elif layer in LAYERS:
+        mode, other = Mode.LAYERED, Mode.FUSED
+    else:
+        return  # an egress reads gold's changes in either mode
+    found = streams_holding_the_lakehouse(spark, lakehouse, other)
+    if found:
+        raise checkpoints.CheckpointError(
+            Refusal.OTHER_MODE.message(
+                layer,
+                mode=mode.value,
+                other=other.value,
+                streams=", ".join(found),
+                checkpoints=", ".join(lakehouse.checkpoint(name) for name in found),
+            )
+        )
 
 
 def run_available_now(
@@ -188,3 +257,132 @@ def reset(
         rebuild.rebuild(spark, lakehouse, name, builders[name][0], builders[name][1], contract)
         for name in rebuild.rebuilt_by_reset(streams)
     ]
+
+
+def switch_mode(spark: SparkSession, config: Config, to: Mode, contract: Contract = EVENTS) -> str:
+    """Hand the lakehouse over from the other mode's streams to those of ``to``, exactly; says what it did.
+
+    To fused: silver and gold first read everything bronze and silver hold (an availableNow run of
+    each), then their checkpoints end, their ids fenced on their tables, and the fused stream gets a
+    checkpoint of its own: it reads Kafka after the offsets bronze holds and adds to silver and gold
+    from there. To layered: a batch the fused stream planned and did not finish is finished first
+    (an availableNow run); then its checkpoint ends, its id fenced, and silver's and gold's new
+    streams start after the versions of bronze and silver it wrote (the property a rebuild sets),
+    bronze's after the offsets bronze holds. A fused stream that cannot resume as it is (its
+    checkpoint lost, or refused) says nothing certain of its last batch: silver and gold are then
+    rebuilt from bronze, as a reset of silver rebuilds them.
+
+    Every stream of both modes must be stopped: their leases are held while the checkpoints change.
+
+    Example::
+
+        switch_mode(spark, config, Mode.FUSED)  # "silver and gold read bronze to version 41; ..."
+    """
+    if not isinstance(to, Mode):
+        raise TypeError(f"to must be a Mode, not {type(to).__name__}")
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse, contract, change_feed=bool(configured(config)))
+    fused_checkpoint = bool(streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
+    # Nothing of the fused stream left (its checkpoint, or its id on a table: a switch cut short) is layered.
+    already = fused_checkpoint if to is Mode.FUSED else not fused_checkpoint and not _fused_ids(spark, lakehouse)
+    if already:
+        return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
+    if to is Mode.FUSED:
+        run_available_now(spark, config, ("silver", "gold"), contract)
+    else:
+        state = checkpoints.inspect(spark, lakehouse, FUSED)
+        if state.stream_id is not None and state.refusal() is None and state.last_planned != state.last_committed:
+            run_available_now(spark, config, (FUSED.name,), contract)
+    ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    way_out = f"Then run `checkpoints switch {to.value}` again."
+    with lease.holding(spark, lakehouse, [*LAYERS, FUSED.name], way_out=way_out, ttl_s=ttl_s):
+        if to is Mode.FUSED:
+            return _hand_to_fused(spark, lakehouse)
+        return _hand_to_layered(spark, lakehouse, config, contract)
+
+
+def _fused_ids(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
+    return {
+        value
+        for name in FUSED.sinks
+        if (value := read_properties(spark, lakehouse.table(name)).get(IDENTITY_PROPERTY % FUSED.name))
+    }
+
+
+def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse) -> str:
+    for name in ("silver", "gold"):
+        source = STREAMS[name].source
+        unread = _first_unread_rows(spark, lakehouse, STREAMS[name])
+        if unread is not None:
+            raise checkpoints.CheckpointError(
+                Refusal.SWITCH_OVERTAKEN.message(name, reader=name, source=source, version=unread)
+            )
+    checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
+    versions = {name: latest_snapshot(spark, lakehouse.table(name)).version() for name in (BRONZE, SILVER)}
+    return (
+        f"silver holds bronze to version {versions[BRONZE]} and gold silver to version {versions[SILVER]}; "
+        "the layered checkpoints are gone and the fused stream reads Kafka after the offsets bronze holds"
+    )
+
+
+def _first_unread_rows(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> int | None:
+    """The first version of ``stream``'s source that adds rows the stream has not read; None when it read them all."""
+    state = checkpoints.inspect(spark, lakehouse, stream)
+    first = 0 if state.source is None else state.source.reaches.newest_read + 1
+    newest = latest_snapshot(spark, lakehouse.table(stream.source)).version()
+    for version in range(first, newest + 1):
+        actions = commit_actions(spark, lakehouse.table(stream.source), version) or []
+        if any("add" in action and action["add"].get("dataChange", True) for action in actions):
+            return version
+    return None
+
+
+def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
+    state = checkpoints.inspect(spark, lakehouse, FUSED)
+    finished = state.stream_id is not None and state.refusal() is None and state.last_planned == state.last_committed
+    checkpoints.reset(spark, lakehouse, [FUSED])
+    if not finished:
+        rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)
+        done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
+        return (
+            f"the fused stream's last batch is not known to be whole: rebuilt {done}; bronze resumes after its offsets"
+        )
+    started = {}
+    for name in ("silver", "gold"):
+        stream = STREAMS[name]
+        source_version = latest_snapshot(spark, lakehouse.table(stream.source)).version()
+        stream_id = str(uuid.uuid4())
+        start = json.dumps({"stream_id": stream_id, "source_version": source_version + 1})
+        for position, table in enumerate(stream.sinks):
+            properties = {IDENTITY_PROPERTY % name: stream_id}
+            if position == 0:
+                properties[START_PROPERTY % name] = start
+            set_properties(spark, lakehouse.table(table), properties)
+        checkpoints.create_stream_id(spark, lakehouse.checkpoint(name), stream_id)
+        started[name] = source_version + 1
+    return (
+        f"silver starts at bronze version {started['silver']} and gold at silver version {started['gold']}; "
+        "bronze resumes after the offsets it holds"
+    )
+
+
+def reset_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> list[rebuild.Rebuilt]:
+    """Start the fused stream anew: its id fenced, silver and gold rebuilt from bronze, a new checkpoint.
+
+    What `checkpoints reset bronze` is to the layered streams: whatever the fused stream's last batch
+    left half-written, silver and quarantine are rebuilt from bronze (aside, swapped in) and gold from
+    silver, and the new fused stream reads Kafka after the offsets bronze holds. The caller holds the
+    leases of every stream of both modes.
+
+    Example::
+
+        reset_fused(spark, config)  # [Rebuilt("silver", ...), Rebuilt("gold", ...)]
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    checkpoints.reset(spark, lakehouse, [FUSED])
+    rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)
+    # The rebuild leaves silver and gold to new layered streams: their ids are ended at once.
+    checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
+    return rebuilt

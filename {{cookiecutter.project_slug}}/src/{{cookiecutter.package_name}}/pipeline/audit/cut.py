@@ -14,7 +14,10 @@ consumed, and checks:
 * each egress equals gold as of the last version it consumed.
 
 Streams are read downstream first, so that a table read later holds everything a
-stream read before it was made from. A bound (the last N bronze batches, or records
+stream read before it was made from. In the fused mode one stream writes the four tables
+in each batch, and records the version each reached after it (``record_sink_versions``):
+the cut is its last committed batch, every table pinned at its recorded version, where
+silver holds bronze, and gold silver, whole. A bound (the last N bronze batches, or records
 since a time) narrows the Kafka range, and with it every check, to those records.
 Unbounded, each partition is audited from where bronze's first checkpoint began
 reading it (``bronze.first_offsets``; after a start at "latest", the records before
@@ -34,11 +37,11 @@ from pyspark.sql import functions as F
 from ..bronze import first_offsets
 from ..config import Config
 from ..contract import Contract
-from ..delta.tables import GOLD, STREAMS, Lakehouse, change_feed_files
+from ..delta.tables import BRONZE, FUSED, GOLD, SILVER, STREAMS, Lakehouse, change_feed_files, latest_snapshot
 from ..kafka.clients import offsets_for_time, watermark_offsets
 from ..kafka.identity import recorded_sources
 from ..recovery import checkpoints, rebuild
-from ..recovery.sink_progress import read_sink_progress
+from ..recovery.sink_progress import read_sink_progress, recorded_sink_versions
 
 # A Delta source offset's index before the first file of its version (Spark logs -1).
 BASE_INDEX = -1
@@ -226,16 +229,21 @@ def take_cut(
         egress_read[name] = _consumed_at(
             spark, checkpoint, batches[name], read=lambda offset: change_feed_consumed(offset, gold_changes)
         )
-    gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
-    gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
-    if gold_batch is None:
-        gold_read = _rebuilt_from(spark, lakehouse, "gold", gold_read)
-    silver_batch = _stream_batch(spark, lakehouse, "silver", versions, batches)
-    silver_read = _consumed_at(spark, lakehouse.checkpoint("silver"), silver_batch)
-    if silver_batch is None:
-        silver_read = _rebuilt_from(spark, lakehouse, "silver", silver_read)
-    bronze_batch = _stream_batch(spark, lakehouse, "bronze", versions, batches)
-    kafka_end = _kafka_offsets(spark, lakehouse, bronze_batch)
+    if checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(FUSED.name), FUSED.name) is not None:
+        kafka_reader = FUSED.name
+        bronze_batch, silver_read, gold_read = _fused_batch(spark, lakehouse, versions, batches)
+    else:
+        kafka_reader = "bronze"
+        gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
+        gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
+        if gold_batch is None:
+            gold_read = _rebuilt_from(spark, lakehouse, "gold", gold_read)
+        silver_batch = _stream_batch(spark, lakehouse, "silver", versions, batches)
+        silver_read = _consumed_at(spark, lakehouse.checkpoint("silver"), silver_batch)
+        if silver_batch is None:
+            silver_read = _rebuilt_from(spark, lakehouse, "silver", silver_read)
+        bronze_batch = _stream_batch(spark, lakehouse, "bronze", versions, batches)
+    kafka_end = _kafka_offsets(spark, lakehouse, bronze_batch, kafka_reader)
     # A topic created again, or emptied by retention, may hold less than the checkpoint read.
     marks = watermark_offsets(config, sorted({topic for topic, _ in kafka_end}))
     kafka_end = {tp: min(end, marks[tp][1]) for tp, end in kafka_end.items() if tp in marks}
@@ -243,7 +251,7 @@ def take_cut(
     return Cut(
         versions=versions,
         batches=batches,
-        kafka_start=_kafka_start(spark, config, lakehouse, bound, bronze_batch, kafka_end, log_start),
+        kafka_start=_kafka_start(spark, config, lakehouse, bound, bronze_batch, kafka_end, log_start, kafka_reader),
         kafka_end=kafka_end,
         kafka_log_start=log_start,
         silver_read=silver_read,
@@ -271,6 +279,24 @@ def _stream_batch(spark: SparkSession, lakehouse: Lakehouse, stream: str, versio
     return batch
 
 
+def _fused_batch(
+    spark: SparkSession, lakehouse: Lakehouse, versions: dict, batches: dict
+) -> tuple[int | None, Consumed, Consumed]:
+    """The fused stream's last committed batch, each table pinned in ``versions`` where that batch left it,
+    and what silver and gold then held of bronze and silver: all of it, at those versions.
+
+    Before its first batch (the tables as the layered streams or a reset left them, whole), each table is
+    pinned where it is now, gold first.
+    """
+    checkpoint = lakehouse.checkpoint(FUSED.name)
+    batch = checkpoints.last_committed_batch(spark, checkpoint)
+    recorded = recorded_sink_versions(spark, checkpoint, batch)
+    for name in reversed(FUSED.sinks):
+        versions[name] = recorded.get(name, latest_snapshot(spark, lakehouse.table(name)).version())
+    batches[FUSED.name] = batch
+    return batch, Consumed(versions[BRONZE]), Consumed(versions[SILVER])
+
+
 def _consumed_at(
     spark: SparkSession,
     checkpoint: str,
@@ -288,12 +314,14 @@ def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: str, otherw
     return otherwise if start is None else Consumed(start - 1)
 
 
-def _kafka_offsets(spark: SparkSession, lakehouse: Lakehouse, batch: int | None) -> dict[Partition, int]:
+def _kafka_offsets(
+    spark: SparkSession, lakehouse: Lakehouse, batch: int | None, reader: str = "bronze"
+) -> dict[Partition, int]:
     if batch is None:
         return {}
-    text = checkpoints.batch_offsets(spark, lakehouse.checkpoint("bronze"), batch)
+    text = checkpoints.batch_offsets(spark, lakehouse.checkpoint(reader), batch)
     if text is None:
-        raise AuditRangeError(f"bronze: the offset log of {lakehouse.checkpoint('bronze')} has no batch {batch}")
+        raise AuditRangeError(f"{reader}: the offset log of {lakehouse.checkpoint(reader)} has no batch {batch}")
     return {(topic, int(p)): offset for topic, parts in json.loads(text).items() for p, offset in parts.items()}
 
 
@@ -305,6 +333,7 @@ def _kafka_start(
     bronze_batch: int | None,
     kafka_end: dict[Partition, int],
     log_start: dict[Partition, int],
+    reader: str = "bronze",
 ) -> dict[Partition, int]:
     if bound.since_ms is not None:
         return offsets_for_time(config, sorted(kafka_end), bound.since_ms)
@@ -315,11 +344,11 @@ def _kafka_start(
         return {tp: offset for tp, offset in first.items() if offset > log_start.get(tp, offset)}
     before = bronze_batch - bound.last_batches
     try:
-        start = _kafka_offsets(spark, lakehouse, before)
+        start = _kafka_offsets(spark, lakehouse, before, reader)
     except AuditRangeError:
-        oldest = min(checkpoints.planned_batches(spark, lakehouse.checkpoint("bronze")))
+        oldest = min(checkpoints.planned_batches(spark, lakehouse.checkpoint(reader)))
         raise AuditRangeError(
-            f"--last-batches {bound.last_batches}: bronze's offset log keeps batches {oldest} to {bronze_batch} "
+            f"--last-batches {bound.last_batches}: {reader}'s offset log keeps batches {oldest} to {bronze_batch} "
             f"(Spark keeps spark.sql.streaming.minBatchesToRetain of them) and a bound starts where the batch "
             f"before it ended: give --last-batches {bronze_batch - oldest} or fewer, or --since, or no bound"
         ) from None

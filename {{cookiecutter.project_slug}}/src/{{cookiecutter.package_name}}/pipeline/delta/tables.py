@@ -186,6 +186,10 @@ STREAMS = {
 }
 LAYERS = tuple(STREAMS)
 
+# The low-latency mode's one stream (fused.py): Kafka into all four tables in each batch. It runs
+# instead of the three layered streams, never beside them (streams.check_mode).
+FUSED = Stream("fused", "kafka", (BRONZE, SILVER, QUARANTINE, GOLD), (), rebuilt_from_source=True)
+
 # Files a stream reading a Delta table admits per batch (Delta's maxFilesPerTrigger, 1,000 by default):
 # unlimited, so that a batch never ends inside a version. A version split over batches (a rebuild's
 # overwrite of many files) would leave gold holding part of a silver version, or an egress publishing
@@ -344,6 +348,35 @@ def commit_actions(spark: SparkSession, path: str, version: int) -> list[dict] |
     if text is None:
         return None
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def tagged_version(spark: SparkSession, path: str, app_id: str, batch_id: int, newest: int) -> int | None:
+    """The version of the table at ``path`` whose commit carries the tag (``app_id``, ``batch_id``), looked
+    for from version ``newest`` down; None when a commit of ``app_id`` with an earlier batch, or the log's
+    clean-up, is met first.
+
+    Read from the commit files, newest first: the tag of a batch being replayed is in one of the last few.
+
+    Example::
+
+        tagged_version(spark, "/data/lake/tables/silver_events", stream_id, 41, newest=230)  # 228
+    """
+    if not path or not app_id:
+        raise ValueError("path must name a Delta table and app_id a stream id")
+    if batch_id < 0:
+        raise ValueError(f"batch_id must be at least 0, got {batch_id}")
+    for version in range(newest, -1, -1):
+        actions = commit_actions(spark, path, version)
+        if actions is None:
+            return None
+        for action in actions:
+            txn = action.get("txn")
+            if txn is not None and txn.get("appId") == app_id:
+                if txn.get("version") == batch_id:
+                    return version
+                if txn.get("version") < batch_id:
+                    return None
+    return None
 
 
 def commit_time_ms(spark: SparkSession, path: str, version: int) -> int | None:

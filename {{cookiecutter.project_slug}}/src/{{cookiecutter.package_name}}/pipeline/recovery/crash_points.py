@@ -18,6 +18,9 @@ Points, inside a stream's micro-batch:
                       written its commit-log entry: the classic duplicate window.
 
 and, inside a sink's own write (reached through ``reach``):
+* after_bronze_commit, after_silver_commit, after_quarantine_commit
+                      the fused stream (fused.py) has committed the batch to that table
+                      and not yet to the ones after it;
 * between_sink_commits  silver has committed the batch, quarantine has not (silver's
                       two tables are two Delta commits); in a reset's rebuild
                       (rebuild.py, the "batch id" is the source version it reads),
@@ -50,7 +53,8 @@ AFTER_STAGING = "after_staging"
 AFTER_PRE_COMMIT = "after_pre_commit"
 EGRESS_POINTS = (AFTER_STAGING, AFTER_PRE_COMMIT)
 BETWEEN_SINK_COMMITS = "between_sink_commits"
-INNER_POINTS = (BETWEEN_SINK_COMMITS, *EGRESS_POINTS)
+FUSED_POINTS = ("after_bronze_commit", "after_silver_commit", "after_quarantine_commit")
+INNER_POINTS = (BETWEEN_SINK_COMMITS, *FUSED_POINTS, *EGRESS_POINTS)
 
 
 FREEZE = ":freeze"

@@ -151,6 +151,19 @@ def recorded_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int |
     return json.loads(text) if text else {}
 
 
+def last_tagged_batch(snapshot, app_id: str) -> int | None:
+    """The last batch of stream ``app_id`` a table's ``snapshot`` (``latest_snapshot``) holds a commit of;
+    None when it holds none. From the version's checksum when Delta wrote one: no Spark job.
+
+    Example::
+
+        last_tagged_batch(latest_snapshot(spark, lakehouse.table(SILVER)), stream_id)  # 41
+    """
+    if not app_id:
+        raise ValueError("app_id must be a stream id")
+    return _txn(snapshot, app_id)[0] if snapshot.version() >= 0 else None
+
+
 def _option(value):
     return value.get() if value.isDefined() else None
 

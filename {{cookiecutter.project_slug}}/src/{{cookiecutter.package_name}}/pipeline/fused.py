@@ -1,0 +1,175 @@
+"""The low-latency mode: one stream that takes each Kafka batch into bronze, silver, quarantine and gold.
+
+In the layered mode a record crosses three streams on its way to gold, and each one polls its
+source, plans a batch and commits: on two cores that is seconds per hop. Here one micro-batch of
+Kafka records is written to the four tables in turn, each commit tagged with the same
+(stream id, batch id), Delta's documented pattern for idempotent writes to several tables from one
+``foreachBatch``. The transforms and writers are the layers' own (``bronze.py``, ``silver.py``,
+``gold.py``); this module chains them and says which rows gold adds.
+
+What keeps a replayed batch exact, table by table:
+
+* bronze: the tagged append of bronze's own stream;
+* silver: the batch's valid records that silver does not hold yet (a Kafka batch holds each record
+  once), appended under the tag; quarantine: silver's own insert of new Kafka records;
+* gold: the window sums of exactly the rows this batch's silver commit added. In the steady state no
+  silver file may hold the batch's offsets and those are all its valid rows. Otherwise (a replay, a
+  record bronze held before) they are the rows silver lacked just before the batch's commit: silver
+  read at the version before it, which a replay finds by the commit's tag. So a crash between the
+  silver and the gold commit replays gold with the same rows, and gold never counts a row that silver
+  does not hold.
+
+The fused stream has its own checkpoint and lease, and binds all four tables to its id as every
+stream binds its own; it replaces the three layered streams, never runs beside them
+(``streams.check_mode``; ``checkpoints switch`` hands a lakehouse from one mode to the other). The
+egress streams read gold's change feed in both modes.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from .bronze import KafkaIngest
+from .config import Config
+from .contract import EVENTS, Contract
+from .delta.tables import (
+    BRONZE,
+    FUSED,
+    GOLD,
+    KAFKA_KEY_COLUMNS,
+    KAFKA_PARTITION_COLUMNS,
+    QUARANTINE,
+    SILVER,
+    Lakehouse,
+    latest_snapshot,
+    may_hold,
+    tagged_version,
+)
+from .delta.writes import append_idempotent
+from .gold import add_to_windows, touched_windows, window_aggregates
+from .monitoring import report_quarantine
+from .recovery import checkpoints
+from .recovery.crash_points import FUSED_POINTS, crash_points, reach
+from .recovery.lease import check_held
+from .recovery.sink_progress import last_tagged_batch, record_sink_versions
+from .silver import (
+    insert_new_kafka_records,
+    kafka_key_ranges,
+    offset_range_predicate,
+    parse_events,
+    quarantined_records,
+    reason_counts,
+    valid_events,
+)
+
+STREAM = FUSED.name
+AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
+
+
+def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | None, batch_id: int) -> DataFrame:
+    """The rows of ``valid`` (a batch's silver rows) that silver's commit of the batch adds, or added.
+
+    Before the batch's commit: the rows silver does not hold (all of them when no silver file may
+    hold the batch's offsets). After it (a replay): the rows silver did not hold at the version
+    before that commit, found by its tag (``app_id``, ``batch_id``). The same rows either way, so
+    gold adds the same sums when the batch is replayed.
+
+    Example::
+
+        rows_new_to_silver(valid_events(parsed), lakehouse.table(SILVER), kafka_key_ranges(parsed), stream_id, 7)
+    """
+    if not isinstance(valid, DataFrame):
+        raise TypeError(f"valid must be a DataFrame of silver rows, not {type(valid).__name__}")
+    if not path:
+        raise ValueError("path must name silver's table")
+    if not ranges:
+        return valid
+    session = valid.sparkSession
+    snapshot = latest_snapshot(session, path)
+    committed = None if app_id is None else last_tagged_batch(snapshot, app_id)
+    if committed is not None and committed >= batch_id:
+        version = tagged_version(session, path, app_id, batch_id, snapshot.version())
+        if version is None:
+            raise RuntimeError(
+                f"{path}: the commit of batch {batch_id} of stream {app_id} is recorded but its log file is gone"
+            )
+        before = version - 1
+    elif not may_hold(session, path, offset_range_predicate(ranges)):
+        return valid
+    else:
+        before = snapshot.version()
+    held = (
+        session.read.format("delta")
+        .option("versionAsOf", before)
+        .load(path)
+        .where(offset_range_predicate(ranges))
+        .select(*KAFKA_KEY_COLUMNS)
+    )
+    return valid.join(held, KAFKA_KEY_COLUMNS, "left_anti")
+
+
+def stream_writer(
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    prepared: checkpoints.Prepared,
+    contract: Contract = EVENTS,
+) -> DataStreamWriter:
+    """The fused stream, ready to start: each Kafka batch into bronze, silver, quarantine and gold once.
+
+    Example::
+
+        fused.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
+    """
+    paths = {name: lakehouse.table(name) for name in FUSED.sinks}
+    checkpoint, app_id = lakehouse.checkpoint(STREAM), prepared.stream_id
+    ingest = KafkaIngest(spark, config, lakehouse, prepared, STREAM)
+
+    def write_batch(rows: DataFrame, batch_id: int) -> None:
+        session = rows.sparkSession
+        # Cached: bronze's append reads Kafka once and fills it, the parse reads it back.
+        identified = ingest.identified(rows, batch_id).persist()
+        cached = [identified]
+        try:
+            with crash_points(session, STREAM, batch_id):
+                check_held(lakehouse, STREAM)
+                append_idempotent(identified, paths[BRONZE], app_id, batch_id)
+                reach(STREAM, AFTER_BRONZE, batch_id)
+                parsed = parse_events(identified, contract).persist()
+                cached.append(parsed)
+                ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
+                rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
+                if rejected:
+                    report_quarantine(STREAM, batch_id, records, rejected, reason_counts(parsed, rejected, records))
+                added = None
+                if rejected < records:
+                    valid = valid_events(parsed, contract)
+                    added = rows_new_to_silver(valid, paths[SILVER], ranges, app_id, batch_id)
+                    if added is not valid:
+                        added = added.persist()  # an anti-join with silver: computed once for both tables
+                        cached.append(added)
+                    check_held(lakehouse, STREAM)
+                    # One file per Kafka partition, as silver's own stream writes.
+                    append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), paths[SILVER], app_id, batch_id)
+                    reach(STREAM, AFTER_SILVER, batch_id)
+                if rejected:
+                    check_held(lakehouse, STREAM)
+                    insert_new_kafka_records(quarantined_records(parsed), paths[QUARANTINE], ranges, app_id, batch_id)
+                    reach(STREAM, AFTER_QUARANTINE, batch_id)
+                if added is not None:
+                    aggregates = window_aggregates(added, config.gold_window, contract).persist()
+                    cached.append(aggregates)
+                    windows = touched_windows(aggregates)
+                    if windows:
+                        check_held(lakehouse, STREAM)
+                        add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows)
+            check_held(lakehouse, STREAM)  # before the checkpoint's sink versions and commit-log entry
+            if app_id is not None:
+                record_sink_versions(session, checkpoint, batch_id, paths)
+        finally:
+            for frame in reversed(cached):
+                frame.unpersist()
+
+    return ingest.rows.writeStream.foreachBatch(write_batch)
