@@ -106,6 +106,8 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "silver_merge_scaling",
         "silver_skewed_merge_scaling",
         "gold_merge_scaling",
+        "fused_vs_floor",
+        "latency_fused_gold_p95_s",
     }
     assert targets & peer_targets == (peer_targets if sdp.installed() else set())
 
@@ -121,6 +123,10 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     assert recovery["table_rows"]["killed_and_restarted"] == recovery["table_rows"]["undisturbed"]
     assert set(details["exactly_once"]["at_least_once"]) == {"bronze", "silver", "gold"}
     assert details["latency"]["markers"] >= 2
+    # The fused mode measured on the same lakehouse, handed over and back by the switch itself.
+    assert "silver holds bronze" in details["fused"]["switch"], details["fused"]
+    assert "silver starts at bronze version" in details["fused"]["switch_back"], details["fused"]
+    assert details["fused"]["latency"]["markers"] >= 2
     # Silver's sink both ways: a batch of new records appended, one overlapping the table merged.
     for scaling in (details["silver_scaling"], details["silver_scaling_skewed"]):
         for run in (run for runs in scaling["appends"].values() for run in runs):
@@ -193,6 +199,11 @@ def test_a_goal_is_met_only_when_every_figure_of_it_meets_its_target_and_is_left
         "met": True,
     }
     assert "one-record batch" in format_goals([met]) and "17.80, 11.80" in format_goals([met])
+    # A figure with nothing before it (a new mode's) is shown as such.
+    fused = Goal(("fused_vs_floor",), "fused", (None,), Target("<=", 3)).outcome(
+        [Metric("fused_vs_floor", "f", 2.0, "x")]
+    )
+    assert fused["before"] == [None] and "  -  " in format_goals([fused]).replace("-" * 96, "")
     with pytest.raises(ValueError, match="one figure before per key"):
         Goal(("silver_vs_floor",), "x", (1.0, 2.0), Target("<=", 3))
     with pytest.raises(ValueError, match="unknown metric keys"):

@@ -22,7 +22,7 @@ from ..pipeline.bronze import bronze_records
 from ..pipeline.config import Config
 from ..pipeline.delta.tables import BRONZE, BRONZE_SCHEMA, LAYERS, SILVER, Lakehouse, ensure_tables
 from ..pipeline.kafka.clients import spark_source_options
-from ..pipeline.streams import start_stream
+from ..pipeline.streams import start_stream, stream_names
 from .harness import Bench, ProgressLog, check_running, input_rows, median_durations, say, stop_all
 from .load import produce_one_transaction
 from .report import Target
@@ -77,7 +77,7 @@ def run_steps(
     """Each of ``counts`` as one transaction through the pipeline's streams running on ``config``'s lakehouse
     (one that drained ``topic`` already: ``bronze_rows`` rows, read from the table when None), one at a time,
     the next once the last has settled in every layer; returns, per step, its record count and the batches
-    each layer ran for it.
+    each stream ran for it (the three layers', or the fused stream's in ``config``'s fused mode).
 
     Any lakehouse, local or on S3, with any trigger: the fixed-overhead and storage phases share it.
     """
@@ -86,24 +86,25 @@ def run_steps(
     if bronze_rows is not None and bronze_rows < 0:
         raise ValueError(f"bronze_rows must not be negative, got {bronze_rows}")
     expected = bench.table_rows(config)["bronze"] if bronze_rows is None else bronze_rows
-    queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in LAYERS}
+    layers = stream_names(config)  # a phase's config runs no egress
+    queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in layers}
     log = ProgressLog(queries)
     per_step = []
     try:
         for step, count in enumerate(counts):
             say(f"{label}: a {count:,}-record batch through the running streams ({step + 1}/{len(counts)})")
             log.poll()
-            before = {layer: set(log.batches[layer]) for layer in LAYERS}
+            before = {layer: set(log.batches[layer]) for layer in layers}
             produce_one_transaction(config, topic, count, seed=seed + step)
             expected += count
 
             def every_layer_ran(before=before) -> bool:
                 log.poll()
-                return all(set(log.batches[layer]) - before[layer] for layer in LAYERS)
+                return all(set(log.batches[layer]) - before[layer] for layer in layers)
 
             wait_settled(bench, config, queries, expected, ran=every_layer_ran)
             log.poll()
-            new = {layer: [p for k, p in log.batches[layer].items() if k not in before[layer]] for layer in LAYERS}
+            new = {layer: [p for k, p in log.batches[layer].items() if k not in before[layer]] for layer in layers}
             per_step.append((count, new))
     finally:
         stop_all(queries.values())

@@ -16,9 +16,10 @@ import time
 from urllib.parse import unquote
 
 from ..devtools.sample import produce
-from ..pipeline.delta.tables import GOLD, LAYERS, SILVER, Lakehouse
+from ..pipeline.config import Mode
+from ..pipeline.delta.tables import GOLD, SILVER, Lakehouse
 from ..pipeline.kafka.clients import client_config
-from ..pipeline.streams import start_stream
+from ..pipeline.streams import start_stream, stream_names
 from .harness import Bench, check_running, percentile, progress_of, say, seconds, stop_all, summary
 from .load import MARKER_PREFIX, paced_records
 from .report import Target
@@ -114,16 +115,16 @@ def _wait_for_markers(
         time.sleep(2.0)
 
 
-def run(bench: Bench, topic: str, trigger: str, name: str) -> dict:
-    """One latency run at ``trigger``: running streams on the exactly-once lakehouse, paced records with
-    the markers of run ``name``; returns the latencies and the streams' batches."""
+def run(bench: Bench, topic: str, trigger: str, name: str, mode: Mode = Mode.LAYERED) -> dict:
+    """One latency run at ``trigger``: the running streams of ``mode`` on the exactly-once lakehouse, paced
+    records with the markers of run ``name``; returns the latencies and the streams' batches."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     sizes = bench.sizes
     trigger_s = seconds(trigger)
     prefix = f"{MARKER_PREFIX}{name}-"
-    config = bench.phase_config(bench.work / "eo", topic, trigger=trigger)
+    config = bench.phase_config(bench.work / "eo", topic, trigger=trigger).model_copy(update={"mode": mode})
     lakehouse = Lakehouse(config.lakehouse_root)
     paths = {"silver": lakehouse.table(SILVER), "gold": lakehouse.table(GOLD)}
     first_version = {
@@ -138,7 +139,7 @@ def run(bench: Bench, topic: str, trigger: str, name: str) -> dict:
         f"latency ({name}): {sizes.latency_rate:,} records/s for {sizes.latency_seconds:g} s, trigger {trigger}, "
         f"{expected_markers} markers"
     )
-    queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in LAYERS}
+    queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in stream_names(config)}
     stop = threading.Event()
     failure: list[BaseException] = []
     producer = threading.Thread(

@@ -24,6 +24,7 @@ from . import (
     egress,
     exactly_once,
     fixed_overhead,
+    fused,
     gold_scaling,
     latency,
     peer,
@@ -104,6 +105,7 @@ def run_bench(
         fixed_overhead.measure(bench, topic)
         storage.measure(bench)
         latency.measure(bench, topic)
+        fused.measure(bench, topic)
         peer.measure(bench)
         machine["load_average_end"] = load_average()
     finally:
