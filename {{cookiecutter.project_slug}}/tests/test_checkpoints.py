@@ -801,6 +801,55 @@ def delete_records_below(config, topic: str, ends: dict[int, int]) -> None:
         future.result(timeout=30)
 
 
+@pytest.mark.slow
+def test_in_the_fused_mode_a_changed_subscription_and_lost_records_each_name_a_way_out_that_is_exact(
+    spark, pipeline_env, capsys, monkeypatch, kafka_oracle
+):
+    monkeypatch.setenv("PIPELINE_MODE", "fused")
+    first = pipeline_env.kafka.topics[0]
+    read = produce_records(pipeline_env, 30, seed=21)
+    assert main(["run", "--available-now"]) == 0
+
+    # Records Kafka deleted before the fused stream read them: refused, accepted, audited as lost.
+    before = partition_ends(pipeline_env, first)
+    produce_records(pipeline_env, 20, seed=22)
+    deleted = partition_ends(pipeline_env, first)
+    delete_records_below(pipeline_env, first, deleted)
+    later = produce_records(pipeline_env, 10, seed=23)
+    refusal = refused_run(capsys)
+    assert "Kafka no longer holds the records bronze needs next: " in refusal and "checkpoints accept-loss" in refusal
+    assert main(["checkpoints", "accept-loss", "--yes"]) == 0
+    assert "fused resumes after them" in capsys.readouterr().out
+    assert main(["run", "--available-now"]) == 0
+
+    # A second topic, added above its first offset: the fused stream alone starts anew, silver and gold stay.
+    second = f"{first}-late"
+    admin = AdminClient(client_config(pipeline_env))
+    admin.create_topics([NewTopic(second, num_partitions=1, replication_factor=1)])[second].result(timeout=30)
+    added = list(sample_records(20, 24, 0.0, prefix="c24"))
+    produce(client_config(pipeline_env), second, added, transaction_size=50)
+    delete_records_below(pipeline_env, second, {0: 6})
+    monkeypatch.setenv("KAFKA_TOPICS", f"{first},{second}")
+    refusal = refused_run(capsys)
+    assert f"{second}[0] starts at offset 6" in refusal and "checkpoints reset fused --only" in refusal
+    assert main(["checkpoints", "reset", "fused", "--only", "--yes"]) == 0
+    assert "silver and gold stay as they are" in capsys.readouterr().out
+    assert main(["run", "--available-now"]) == 0
+
+    # Kafka has deleted what the first topic's bronze rows began with: the added topic is judged against it.
+    held = {key for key in bronze_keys(spark, pipeline_env) if key[0] == second}
+    assert held == set(kafka_oracle(pipeline_env, [second]))
+    produced = [json.loads(value)["event_id"] for _, value in read + later + added[6:]]
+    silver = load(spark, pipeline_env, SILVER).select("event_id").collect()
+    assert sorted(row.event_id for row in silver) == sorted(produced)
+    assert load(spark, pipeline_env, GOLD).agg(F.sum("event_count")).first()[0] == len(produced)
+    lost = sum(deleted[p] - before.get(p, 0) for p in deleted)
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
+
+
 def test_only_real_offsets_are_needed_earliest_and_latest_name_none():
     assert needed_offsets('{"events": {"0": 120, "1": -2, "2": -1}, "clicks": {"0": 0}}') == {
         ("events", 0): 120,

@@ -183,7 +183,7 @@ def reset_checkpoints(
         reset_checkpoints(config, "gold", yes=True, make_spark=lambda: spark)  # 0
     """
     if stream == FUSED.name:
-        return _reset_fused(config, yes, make_spark)
+        return _reset_fused(config, yes, make_spark, only)
     lakehouse = Lakehouse(config.lakehouse_root)
     # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
     if stream not in STREAMS:
@@ -215,12 +215,15 @@ def reset_checkpoints(
     spark = make_spark()
     way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
+        if stream in LAYERS:
+            # A layered stream reset in a lakehouse the fused stream carries on would start beside it.
+            pipeline_streams.check_mode(spark, lakehouse, stream)
         # Held for the whole reset: no stream starts halfway through it.
         ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
             with LiveLine(spark, f"resetting {names}" + (": rebuilding tables" if rebuilt else "")):
                 done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
-    except (LeaseHeld, TableSchemaError) as error:
+    except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return ExitCode.REFUSED
     print(f"reset {names}; the next run resumes consistently")
@@ -233,16 +236,25 @@ def reset_checkpoints(
     return ExitCode.OK
 
 
-def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object]) -> int:
+def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object], only: bool = False) -> int:
     lakehouse = Lakehouse(config.lakehouse_root)
-    what = (
-        f"delete the checkpoint {lakehouse.checkpoint(FUSED.name)}, rebuild silver and quarantine from bronze and "
-        "gold from silver under the current event contract (one commit replaces each table), and start the fused "
-        "stream after the Kafka offsets bronze holds"
+    checkpoint = lakehouse.checkpoint(FUSED.name)
+    rebuild_tables = (
+        "rebuild silver and quarantine from bronze and gold from silver under the current event contract (one "
+        "commit replaces each table)"
     )
+    if only:
+        what = (
+            f"start the checkpoint {checkpoint} anew after the Kafka offsets bronze holds, silver and gold as they "
+            f"are when its last batch reached all four tables (else {rebuild_tables} first)"
+        )
+    else:
+        what = f"delete the checkpoint {checkpoint}, {rebuild_tables}, and start the fused stream after the Kafka "
+        what += "offsets bronze holds"
+    target = f"{FUSED.name}{' --only' if only else ''}"
     refused = confirmation(
         yes,
-        lambda: Refusal.RESET_UNCONFIRMED.message(FUSED.name, names=FUSED.name, what=what, target=FUSED.name),
+        lambda: Refusal.RESET_UNCONFIRMED.message(FUSED.name, names=FUSED.name, what=what, target=target),
         f"This will {what}.\nReset fused? ",
         "nothing reset",
     )
@@ -251,10 +263,14 @@ def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object]) ->
     spark = make_spark()
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     try:
-        with holding(spark, lakehouse, [*LAYERS, FUSED.name], "Then run `checkpoints reset fused` again.", ttl_s):
-            with LiveLine(spark, "resetting fused: rebuilding tables"):
+        pipeline_streams.check_mode(spark, lakehouse, FUSED.name)
+        with holding(spark, lakehouse, [*LAYERS, FUSED.name], f"Then run `checkpoints reset {target}` again.", ttl_s):
+            with LiveLine(spark, "resetting fused" + ("" if only else ": rebuilding tables")):
+                if only:
+                    print(f"reset fused: {pipeline_streams.restart_fused(spark, config)}")
+                    return ExitCode.OK
                 done = pipeline_streams.reset_fused(spark, config)
-    except (LeaseHeld, TableSchemaError) as error:
+    except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to reset fused: {error}", file=sys.stderr)
         return ExitCode.REFUSED
     for each in done:
@@ -310,15 +326,18 @@ def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object
     spark = make_spark(config)
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     way_out = "Then run `checkpoints accept-loss` again."
+    # The stream that reads Kafka: bronze's, or the fused one where it carries the lakehouse on.
+    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
+    reader = FUSED.name if fused else "bronze"
     try:
         # Held throughout: bronze cannot start between finding the gaps and restarting after them.
-        with holding(spark, lakehouse, ["bronze"], way_out=way_out, ttl_s=ttl_s):
-            gaps = bronze_layer.gaps_at_start(spark, config, lakehouse)
+        with holding(spark, lakehouse, [*LAYERS, FUSED.name] if fused else ["bronze"], way_out=way_out, ttl_s=ttl_s):
+            gaps = bronze_layer.gaps_at_start(spark, config, lakehouse, reader)
             if not gaps:
                 print("nothing to accept: Kafka still holds every record bronze needs next")
                 return ExitCode.OK
             described = "; ".join(gap.describe() for gap in gaps)
-            what = f"record {described} as lost on bronze and start bronze's checkpoint anew after them"
+            what = f"record {described} as lost on bronze and start {reader}'s checkpoint anew after them"
             refused = confirmation(
                 yes,
                 lambda: Refusal.LOSS_UNCONFIRMED.message("bronze", what=what),
@@ -328,11 +347,14 @@ def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object
             if refused is not None:
                 return refused
             retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_COMMAND)
-            pipeline_streams.reset(spark, lakehouse, [STREAMS["bronze"]], config.gold_window, config=config)
+            if fused:
+                print(f"accept-loss: {pipeline_streams.restart_fused(spark, config)}")
+            else:
+                pipeline_streams.reset(spark, lakehouse, [STREAMS["bronze"]], config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to accept lost records: {error}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(f"recorded as lost on bronze: {described}; bronze resumes after them")
+    print(f"recorded as lost on bronze: {described}; {reader} resumes after them")
     return ExitCode.OK
 
 
@@ -351,7 +373,9 @@ def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], objec
     """
     lakehouse = Lakehouse(config.lakehouse_root)
     spark = make_spark()
-    streams = with_downstream("bronze")
+    # The fused stream never reads bronze back: silver kept one copy of each record, and bronze is only mended.
+    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
+    streams = [STREAMS["bronze"], FUSED] if fused else with_downstream("bronze")
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     way_out = "Then run `checkpoints drop-bronze-copies` again."
     try:
@@ -362,8 +386,8 @@ def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], objec
                 bronze_layer.drop_copies(spark, lakehouse, None)  # appendOnly back, if a run was cut short
                 print("nothing to drop: bronze holds each record once")
                 return ExitCode.OK
-            reset = with_downstream("silver")
-            names = ", ".join(each.name for each in reset)
+            reset = [] if fused else with_downstream("silver")
+            names = ", ".join(each.name for each in reset) or "nothing (the fused stream goes on)"
             what = f"remove {copies.describe()} from bronze (the first copy of each stays) and reset {names}"
             refused = confirmation(
                 yes,
@@ -373,12 +397,14 @@ def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], objec
             )
             if refused is not None:
                 return refused
-            mark = {REBUILDING_PROPERTY % "silver": str(uuid.uuid4())}
-            for table in STREAMS["silver"].sinks:
-                set_properties(spark, lakehouse.table(table), mark)
+            if reset:
+                mark = {REBUILDING_PROPERTY % "silver": str(uuid.uuid4())}
+                for table in STREAMS["silver"].sinks:
+                    set_properties(spark, lakehouse.table(table), mark)
             with LiveLine(spark, f"dropping bronze's copies, then resetting {names}"):
                 bronze_layer.drop_copies(spark, lakehouse, copies)
-                pipeline_streams.reset(spark, lakehouse, reset, config.gold_window, config=config)
+                if reset:
+                    pipeline_streams.reset(spark, lakehouse, reset, config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to drop bronze's copies: {error}", file=sys.stderr)
         return ExitCode.REFUSED

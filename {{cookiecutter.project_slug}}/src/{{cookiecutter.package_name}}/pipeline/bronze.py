@@ -106,7 +106,7 @@ class KafkaIngest:
         options = spark_source_options(config)
         checkpoint = lakehouse.checkpoint(stream)
         resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
-        self._sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
+        self._sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream)
         needed, after_rows = offsets_at_start(
             spark,
             config,
@@ -309,8 +309,11 @@ def _first_offset_entries(spark: SparkSession, lakehouse: Lakehouse) -> list[dic
     return json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
 
 
-def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> list[retention.Gap]:
-    """What ``check_retained`` would find if bronze started now: the records it needs next that Kafka deleted.
+def gaps_at_start(
+    spark: SparkSession, config: Config, lakehouse: Lakehouse, stream: str = "bronze"
+) -> list[retention.Gap]:
+    """What ``check_retained`` would find if ``stream`` (bronze, or the fused stream) started now: the records it
+    needs next that Kafka deleted.
 
     Refuses (CheckpointError) as a start does when another cluster answers or a topic was created again:
     offsets of another incarnation say nothing about this one.
@@ -319,11 +322,11 @@ def gaps_at_start(spark: SparkSession, config: Config, lakehouse: Lakehouse) -> 
 
         gaps_at_start(spark, config, Lakehouse("/data/lake"))  # [Gap("events", "Xh1...", 0, 100, 150)]
     """
-    checkpoint = lakehouse.checkpoint("bronze")
+    checkpoint = lakehouse.checkpoint(stream)
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
-    sources = SourceGuard.at_start(spark, config, lakehouse, resuming)
-    stream_id = checkpoints.read_stream_id(spark, checkpoint, "bronze") if resuming else None
-    needed, _ = offsets_at_start(spark, config, lakehouse, sources.recorded_ids, stream_id, resuming)
+    sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream)
+    stream_id = checkpoints.read_stream_id(spark, checkpoint, stream) if resuming else None
+    needed, _ = offsets_at_start(spark, config, lakehouse, sources.recorded_ids, stream_id, resuming, stream=stream)
     if needed is None:
         return []
     return retention.find_gaps(config, retention.needed_offsets(needed, topic_partitions(config)), sources.recorded_ids)

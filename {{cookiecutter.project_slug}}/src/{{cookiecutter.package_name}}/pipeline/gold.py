@@ -223,7 +223,7 @@ def stream_writer(
     return source_stream(spark, lakehouse, "gold", prepared.stream_id).writeStream.foreachBatch(write_batch)
 
 
-def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> str | None:
+def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM) -> str | None:
     """Why gold's stream cannot start with ``gold_window`` (the table holds windows of another size); None if it can.
 
     Example::
@@ -237,17 +237,18 @@ def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) 
     recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
     if recorded is None or duration_seconds(recorded, WINDOW_PROPERTY) == configured:
         return None
-    return Refusal.GOLD_WINDOW_CHANGED.message(STREAM, path=path, recorded=recorded, configured=gold_window)
+    return Refusal.GOLD_WINDOW_CHANGED.message(stream, path=path, recorded=recorded, configured=gold_window)
 
 
-def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str) -> None:
-    """Refuse a gold stream whose window differs from the one gold was built with; record it on a new gold.
+def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM) -> None:
+    """Refuse ``stream`` (gold's, or the fused one) when its window differs from the one gold was built with;
+    record it on a new gold.
 
     Example::
 
         check_window(spark, Lakehouse("/data/lake"), config.gold_window)  # or CheckpointError
     """
-    refusal = window_refusal(spark, lakehouse, gold_window)
+    refusal = window_refusal(spark, lakehouse, gold_window, stream)
     if refusal is not None:
         raise checkpoints.CheckpointError(refusal)
     path = lakehouse.table(GOLD)

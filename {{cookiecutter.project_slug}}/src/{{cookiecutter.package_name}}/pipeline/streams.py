@@ -109,7 +109,7 @@ def start_stream(
         if layer in ("bronze", FUSED.name):
             bronze.check_subscription(spark, config, lakehouse, layer)
         if layer in (gold.STREAM, FUSED.name):
-            gold.check_window(spark, lakehouse, config.gold_window)
+            gold.check_window(spark, lakehouse, config.gold_window, layer)
         if delivery is Delivery.AT_LEAST_ONCE:
             prepared = dataclasses.replace(prepared, stream_id=None)
         starters: dict[str, Callable[[], DataStreamWriter]] = {
@@ -338,9 +338,18 @@ def _first_unread_rows(spark: SparkSession, lakehouse: Lakehouse, stream: Stream
     return None
 
 
+def _fused_finished(spark: SparkSession, lakehouse: Lakehouse) -> bool:
+    """Whether the fused stream can resume as it is and its last planned batch reached all four tables: then
+    silver holds all of bronze and gold all of silver. A metadata file that cannot be read says nothing."""
+    try:
+        state = checkpoints.inspect(spark, lakehouse, FUSED)
+    except checkpoints.CheckpointError:
+        return False
+    return state.stream_id is not None and state.refusal() is None and state.last_planned == state.last_committed
+
+
 def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
-    state = checkpoints.inspect(spark, lakehouse, FUSED)
-    finished = state.stream_id is not None and state.refusal() is None and state.last_planned == state.last_committed
+    finished = _fused_finished(spark, lakehouse)
     checkpoints.reset(spark, lakehouse, [FUSED])
     if not finished:
         rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)
@@ -386,3 +395,25 @@ def reset_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS
     checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
     checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
     return rebuilt
+
+
+def restart_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> str:
+    """A new fused checkpoint that reads Kafka after the offsets bronze holds, silver and gold left as they are:
+    `checkpoints reset fused --only`, the way out of a changed subscription or topic, and what
+    `checkpoints accept-loss` does after recording the lost records. Exact when the fused stream's last
+    batch reached all four tables; otherwise silver and gold are rebuilt from bronze first
+    (``reset_fused``). The caller holds the leases of every stream of both modes. Says what it did.
+
+    Example::
+
+        restart_fused(spark, config)  # "the fused stream resumes after the Kafka offsets bronze holds"
+    """
+    lakehouse = Lakehouse(config.lakehouse_root)
+    if not _fused_finished(spark, lakehouse):
+        rebuilt = reset_fused(spark, config, contract)
+        done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
+        return f"the fused stream's last batch is not known to be whole: rebuilt {done}; it resumes after bronze"
+    checkpoints.reset(spark, lakehouse, [FUSED])
+    identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
+    return "the fused stream resumes after the Kafka offsets bronze holds; silver and gold stay as they are"

@@ -82,12 +82,13 @@ def changes(recorded: Sources, current: Sources, topics: bool = True) -> list[st
     return found
 
 
-def refusal(config: Config, lakehouse: Lakehouse, found: list[str]) -> str:
+def refusal(config: Config, lakehouse: Lakehouse, found: list[str], stream: str = "bronze") -> str:
+    """The refusal of ``stream`` (the one reading Kafka: bronze, or the fused stream) for the changes ``found``."""
     return Refusal.SOURCE_CHANGED.message(
-        "bronze",
+        stream,
         changes="; ".join(found),
         bootstrap=bootstrap_servers(config),
-        checkpoint=lakehouse.checkpoint("bronze"),
+        checkpoint=lakehouse.checkpoint(stream),
     )
 
 
@@ -139,21 +140,26 @@ class SourceGuard:
         guard.topic_ids()  # {"events": "Xh1...", ...}; CheckpointError if a topic changed since
     """
 
-    def __init__(self, spark: SparkSession, config: Config, lakehouse: Lakehouse, sources: Sources):
+    def __init__(
+        self, spark: SparkSession, config: Config, lakehouse: Lakehouse, sources: Sources, stream: str = "bronze"
+    ):
         self._spark, self._config, self._lakehouse = spark, config, lakehouse
-        self._sources = sources
+        self._sources, self._stream = sources, stream
         self._compacted = recorded_compacted(spark, lakehouse)
 
     @classmethod
-    def at_start(cls, spark: SparkSession, config: Config, lakehouse: Lakehouse, resuming: bool) -> SourceGuard:
-        """Check the cluster against bronze's record and record it; ``resuming``: the checkpoint has planned batches."""
+    def at_start(
+        cls, spark: SparkSession, config: Config, lakehouse: Lakehouse, resuming: bool, stream: str = "bronze"
+    ) -> SourceGuard:
+        """Check the cluster against bronze's record and record it, for ``stream`` (the one reading Kafka);
+        ``resuming``: its checkpoint has planned batches."""
         current = describe_sources(config, list(config.kafka.topics))
         recorded = recorded_sources(spark, lakehouse)
         if recorded is not None:
             found = changes(recorded, current, topics=resuming)
             if found:
-                raise checkpoints.CheckpointError(refusal(config, lakehouse, found))
-        guard = cls(spark, config, lakehouse, recorded or Sources(None))
+                raise checkpoints.CheckpointError(refusal(config, lakehouse, found, stream))
+        guard = cls(spark, config, lakehouse, recorded or Sources(None), stream)
         guard._check_compaction(current.topic_ids)
         guard._record(current)
         return guard
@@ -168,7 +174,7 @@ class SourceGuard:
         current = describe_sources(self._config, list(self._config.kafka.topics), cluster=False)
         found = changes(self._sources, current)
         if found:
-            raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found))
+            raise checkpoints.CheckpointError(refusal(self._config, self._lakehouse, found, self._stream))
         self._check_compaction(current.topic_ids)
         if any(topic not in self._sources.topic_ids for topic in current.topic_ids):
             self._record(current)
@@ -189,7 +195,7 @@ class SourceGuard:
         if undeclared:
             raise checkpoints.CheckpointError(
                 Refusal.SOURCE_COMPACTED.message(
-                    "bronze",
+                    self._stream,
                     topics=", ".join(undeclared),
                     declared=list(self._config.kafka.compacted_topics),
                     bootstrap=bootstrap_servers(self._config),
