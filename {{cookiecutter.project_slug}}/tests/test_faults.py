@@ -46,6 +46,10 @@ from {{ cookiecutter.package_name }}.pipeline.streams import reset_fused, run_av
 NEMESIS_ACTIONS, NEMESIS_SEED = 13, 878302
 # A seed whose first four actions are three transactions and a partition added: cheap to play twice.
 REPLAY_SEED = 1970
+# The fused mode's schedule, in 9 actions: kills, a crash (its points include the ones between the
+# fused stream's commits), a partition added, a foreign writer, a table rolled back after it, the
+# checkpoint lost (whose refusal's way out, the fused stream's reset, is taken).
+FUSED_ACTIONS, FUSED_SEED = 9, 77498
 
 # --- deterministic crash points -------------------------------------------------------------
 
@@ -423,6 +427,23 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(s
     # windows), MERGEs of overlaps (windows gold holds).
     assert report.silver_sink_commits["append"] >= 1 and report.silver_sink_commits["MERGE"] >= 1, report.table()
     assert report.gold_sink_commits["append"] >= 1 and report.gold_sink_commits["MERGE"] >= 1, report.table()
+
+
+@pytest.mark.faults
+def test_a_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(spark, config, tmp_path):
+    fused = config.model_copy(update={"mode": Mode.FUSED})
+    with ExitStack() as servers:
+        run_config = private_servers(fused, tmp_path, servers)
+        report = run_nemesis(run_config, logs=tmp_path / "logs", actions=FUSED_ACTIONS, seed=FUSED_SEED)
+
+    print(report.table())
+    assert report.clean, report.table()
+    kinds = {"kill", "crash", "partition", "foreign", "rollback", "lose"}
+    assert kinds <= set(report.actions()), report.actions()
+    assert sum(report.refusals.values()) >= 1, report.table()
+    # Every table was written by the fused stream alone: its silver commits are appends.
+    assert report.silver_sink_commits["append"] >= 1, report.table()
+    assert report.gold_sink_commits["append"] + report.gold_sink_commits["MERGE"] >= 1, report.table()
 
 
 @pytest.mark.faults

@@ -45,6 +45,11 @@ what the world does to them:
                 a topic dropped from the subscription): the refused start writes nothing, and the
                 operator either sets the key back or, for the window, takes the way out and keeps it.
 
+In the fused mode (``pipeline.mode``, ``PIPELINE_MODE=fused``) the one fused stream stands for the three
+layers in every action: it is the one stepped, killed, crashed (at its inner points too), frozen, lost,
+restored and reset (``--only`` as well), the owner of every table a rollback or a foreign writer touches,
+and the reader of Kafka that retention, compaction and a changed subscription meet.
+
 Some actions must make the next start refuse (gold's checkpoint lost, a checkpoint older than its
 table): the runner predicts which refusals may come, and a refusal it did not predict is an
 anomaly. A refusal's message names its way out; the runner runs exactly that command (with
@@ -126,6 +131,7 @@ WEIGHTS = {
 # How a schedule file writes the run's name, which each run draws afresh.
 RUN = "{run}"
 STREAMS = ("bronze", "silver", "gold")
+FUSED_STREAM = "fused"
 TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}
 # Every process of the run holds its stream's lease this long without renewal: short, so that a
 # frozen process loses it within the run, long enough that a busy machine renews in time.
@@ -474,8 +480,13 @@ class Nemesis:
             **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
-        # The layers, then each egress the run turns on: an egress runs after gold, beside the others.
-        self.streams = (*STREAMS, *settings_of(config))
+        # The layers (or the fused stream), then each egress the run turns on: an egress runs after gold.
+        fused = config.mode.value == FUSED_STREAM
+        self.layers = (FUSED_STREAM,) if fused else STREAMS
+        self.env["PIPELINE_MODE"] = config.mode.value
+        # The stream that reads Kafka, and the one that writes gold.
+        self.reader, self.aggregator = self.layers[0], self.layers[-1]
+        self.streams = (*self.layers, *settings_of(config))
         s3.prepare(config)
         packages, conf = s3.session_options(config)
         self.spark = build_spark(
@@ -761,13 +772,13 @@ class Nemesis:
         return False, f"FAILED {found}"
 
     def step(self) -> str:
-        stream = self.rng.choice(STREAMS)
+        stream = self.rng.choice(self.layers)
         code, output = self.command("run", "--layer", stream, "--available-now")
         self.expect_ok(f"run --layer {stream}", code, output)
         return f"{stream} exit {code}"
 
     def kill(self) -> str:
-        layer = self.rng.choice(["all", "all", *STREAMS])
+        layer = self.rng.choice(["all", "all", *self.layers])
         if self.pending_refusals(None if layer == "all" else layer):
             # A refused start exits on its own: let a drain meet the refusal instead.
             return self.drain()
@@ -790,7 +801,7 @@ class Nemesis:
         return f"{layer} killed {'while starting' if while_starting else 'after a batch'}"
 
     def crash(self) -> str:
-        from ..pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, POINTS
+        from ..pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, FUSED_POINTS, POINTS
 
         chosen = self._stream_with_work()
         if chosen is None:
@@ -798,7 +809,12 @@ class Nemesis:
         stream, batch = chosen
         # Inside an egress's write too: its transaction or database work pre-committed, not committed.
         # (PostgreSQL stages only a large batch: a point not reached leaves the run to finish.)
-        inner = {KAFKA_EGRESS: (AFTER_PRE_COMMIT,), POSTGRES_EGRESS: (AFTER_STAGING, AFTER_PRE_COMMIT)}
+        # The fused stream between its four commits, too.
+        inner = {
+            KAFKA_EGRESS: (AFTER_PRE_COMMIT,),
+            POSTGRES_EGRESS: (AFTER_STAGING, AFTER_PRE_COMMIT),
+            FUSED_STREAM: FUSED_POINTS,
+        }
         point = self.rng.choice((*POINTS, *inner.get(stream, ())))
         code, output = self.command(
             "run", "--layer", stream, "--available-now", extra_env={"PIPELINE_CRASH_POINT": f"{stream}:{point}:{batch}"}
@@ -882,7 +898,7 @@ class Nemesis:
         elif not same_stream:
             # Another stream id's checkpoint: a layer's tables name the current one; an egress resumes the
             # older stream where its marker is, or is refused when the copy is behind that marker.
-            self.expect(stream, behind | other, stream in STREAMS)
+            self.expect(stream, behind | other, stream in self.layers)
         elif moved_on:
             self.expect(stream, behind, True)
         return f"{stream}'s checkpoint put back ({'lost before' if lost else 'moved on' if moved_on else 'same'})"
@@ -906,16 +922,18 @@ class Nemesis:
                 self.spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}").collect()
             except Exception as error:  # noqa: BLE001 - files VACUUM removed: the operator cannot restore
                 return f"RESTORE {table} to version {version} failed: {str(error).splitlines()[0][:120]}"
-        owner = "silver" if table == "quarantine" else table
+        owner = self._owner(table)
         kinds = {TABLE_AHEAD, MISMATCH, BATCHES_MISSING, VERSION_BEHIND, TABLE_RESTORED}
-        egresses = set(self.streams[len(STREAMS) :])
-        readers = {"bronze": {"silver"}, "silver": {"gold"}, "gold": egresses}.get(table, set())
+        egresses = set(self.streams[len(self.layers) :])
+        # The streams that read the table as a Delta stream (the fused stream reads none of them back).
+        layered = {"bronze": {"silver"}, "silver": {"gold"}, "gold": egresses}
+        readers = (layered if self.layers == STREAMS else {"gold": egresses}).get(table, set())
         for stream in self._downstream(owner):
             # Whether the table lost a batch of its stream (and not only maintenance commits) is not
             # known here: a refusal may come, or not; the oracle judges what the way out leaves.
             egress = {MARKER_MOVED, MARKER_LOST} if stream in egresses else set()
             # An egress reads gold's change feed, in which a RESTORE's removed rows are changes.
-            reading = {SOURCE_BEHIND} | ({SOURCE_REWRITTEN} if stream in STREAMS else set())
+            reading = {SOURCE_BEHIND} | ({SOURCE_REWRITTEN} if stream in self.layers else set())
             self.expect(stream, kinds | egress | (reading if stream in readers else set()), False)
         at = f"version {now}" if now is not None else "no table"
         return f"{table} put back from {at} to version {version} ({'its older copy' if how == 'copy' else how})"
@@ -924,15 +942,16 @@ class Nemesis:
         stream = self.rng.choice(self.streams)
         self._delete(self.checkpoint(stream))
         self.predictions.checkpoint_lost(stream)
-        # Bronze and silver resume without one; gold's rows are sums, which it would count again; an egress
-        # starts a new stream id, which publishes gold's current rows as a new changelog.
-        if stream == "gold" and self._has_rows("gold"):
+        # Bronze and silver resume without one; gold's rows are sums, which it would count again (the fused
+        # stream's too: its tables hold rows once bronze does); an egress starts a new stream id, which
+        # publishes gold's current rows as a new changelog.
+        if (stream == "gold" and self._has_rows("gold")) or (stream == FUSED_STREAM and self._has_rows("bronze")):
             self.expect(stream, {CHECKPOINT_LOST}, True)
         return f"{stream}'s checkpoint deleted"
 
     def reset(self) -> str:
         stream = self.rng.choice(self.streams)
-        only = stream in ("bronze", "silver") and self.rng.random() < 0.5
+        only = stream in ("bronze", "silver", FUSED_STREAM) and self.rng.random() < 0.5
         code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
         self.expect_ok(f"checkpoints reset {stream}", code, output)
         if code == 0:
@@ -1002,8 +1021,9 @@ class Nemesis:
         if not wrong or clean:
             self.report.anomalies["foreign_rows_not_found"] += 1
             self.report.findings.append(f"rows appended to {table}: oracle found {wrong or 'nothing'}, audit {verdict}")
-        stream = "gold" if table == "gold" else "silver"
-        # Bronze holds the only copy of the raw records: its copies are dropped, then silver is reset.
+        stream = self._owner("gold" if table == "gold" else "silver")
+        # Bronze holds the only copy of the raw records: its copies are dropped, then silver is reset (the
+        # fused stream never reads bronze back: only bronze is mended).
         way_out = ("drop-bronze-copies",) if table == "bronze" else ("reset", stream)
         code, output = self._run(("checkpoints", *way_out, "--yes"), None)
         self.expect_ok(f"checkpoints {' '.join(way_out)}", code, output)
@@ -1023,7 +1043,7 @@ class Nemesis:
         held = {partition: end for partition, end in self._bronze_ends().items() if self._deletes(partition[0])}
         if not held:
             return "bronze holds no record of a topic that deletes by retention yet"
-        past = self.rng.random() < 0.5 and not self.pending_refusals("bronze")
+        past = self.rng.random() < 0.5 and not self.pending_refusals(self.reader)
         unread = self._unread_committed(held) if past else []
         if past and not unread:
             self.produce(committed=True)  # to a topic of the run: perhaps a compacted one, then none is unread
@@ -1047,7 +1067,7 @@ class Nemesis:
             del self.ledger.committed[key]
             self.ledger.lost.add(key)
         if lost:
-            self.expect("bronze", {SOURCE_LOST}, True)
+            self.expect(self.reader, {SOURCE_LOST}, True)
         what = f"{len(lost)} committed records bronze had not read" if lost else "only records bronze holds"
         return f"{topic}[{number}] deleted below offset {cut}: {what}"
 
@@ -1108,7 +1128,7 @@ class Nemesis:
         bronze read it: one a later committed record with its key superseded, which is what compaction
         means; any other missing record stays an anomaly)."""
         candidates = [topic for topic in self.topics if topic not in self.compacted]
-        if not candidates or self.pending_refusals("bronze"):
+        if not candidates or self.pending_refusals(self.reader):
             return self.step()
         topic = self.rng.choice(candidates)
         self._alter_topic(topic, COMPACT_AT_ONCE)
@@ -1116,16 +1136,18 @@ class Nemesis:
             self.compacted_once.append(topic)
         self.produce(committed=True, topic=topic, repeat=True)
         cleaned = self._until_cleaned(topic)
-        before = self._stream_state("bronze")
-        code, output = self._run(("run", "--layer", "bronze", "--available-now"), None)
+        before = self._stream_state(self.reader)
+        code, output = self._run(("run", "--layer", self.reader, "--available-now"), None)
         if code == REFUSED and SOURCE_COMPACTED in refusals_found(output):
             self.report.refusals[SOURCE_COMPACTED] += 1
         else:
             self.report.anomalies["compacted_topics_not_refused"] += 1
-            self.report.findings.append(f"{topic} compacted: run --layer bronze exited {code}: {_last_lines(output)}")
-        if self._stream_state("bronze") != before:
+            self.report.findings.append(
+                f"{topic} compacted: run --layer {self.reader} exited {code}: {_last_lines(output)}"
+            )
+        if self._stream_state(self.reader) != before:
             self.report.anomalies["refused_starts_that_wrote"] += 1
-            self.report.findings.append(f"{topic} compacted: the refused bronze moved its table or checkpoint")
+            self.report.findings.append(f"{topic} compacted: the refused {self.reader} moved its table or checkpoint")
         what = f"{topic} compacted ({'cleaned' if cleaned else 'not cleaned yet'}): refused"
         if self.rng.random() < 0.5:
             self._alter_topic(topic, {"cleanup.policy": "delete"})
@@ -1191,25 +1213,25 @@ class Nemesis:
         from ..pipeline.config import duration_seconds
 
         changes = []
-        if not self.pending_refusals("gold") and self._has_rows("gold"):
+        if not self.pending_refusals(self.aggregator) and self._has_rows("gold"):
             changes.append("window")
         if (
             len(self.topics) > 1
-            and not self.pending_refusals("bronze")
-            and self.committed_batches(self.checkpoint("bronze"))
+            and not self.pending_refusals(self.reader)
+            and self.committed_batches(self.checkpoint(self.reader))
         ):
             changes.append("topics")
         if not changes:
             return self.step()
         if self.rng.choice(changes) == "window":
-            stream, kind = "gold", WINDOW_CHANGED
+            stream, kind = self.aggregator, WINDOW_CHANGED
             window = (
                 "5 minutes" if duration_seconds(self.config.gold_window, "pipeline.gold_window") != 300 else "1 minute"
             )
             changed = {"PIPELINE_GOLD_WINDOW": window}
             what = f"gold_window {self.config.gold_window!r} -> {window!r}"
         else:
-            stream, kind = "bronze", TOPIC_DROPPED
+            stream, kind = self.reader, TOPIC_DROPPED
             dropped = self.rng.choice(self.topics)
             changed = {
                 "KAFKA_TOPICS": ",".join(topic for topic in self.topics if topic != dropped),
@@ -1229,7 +1251,7 @@ class Nemesis:
         if kind == WINDOW_CHANGED and self.rng.random() < 0.5:
             self.env.update(changed)
             self.config = self.config.model_copy(update={"gold_window": changed["PIPELINE_GOLD_WINDOW"]})
-            self.expect("gold", {WINDOW_CHANGED}, True)
+            self.expect(self.aggregator, {WINDOW_CHANGED}, True)
             code, output = self.command("run", "--layer", "all", "--available-now")
             self.expect_ok(f"run --layer all after {what}", code, output)
             return f"{what}: refused, then kept through the way out (exit {code})"
@@ -1238,7 +1260,8 @@ class Nemesis:
     def _stream_state(self, stream: str) -> tuple:
         """What a start of ``stream`` may not move when refused: its table's rows (the last version that
         changed them: a refusal may record what it found as a table property) and its checkpoint's logs."""
-        history = DeltaTable.forPath(self.spark, self._table(stream)).history()
+        table = "bronze" if stream == FUSED_STREAM else stream  # the fused stream's first table
+        history = DeltaTable.forPath(self.spark, self._table(table)).history()
         version = history.where(col("operation") != "SET TBLPROPERTIES").agg(max_("version")).first()[0]
         checkpoint = self.checkpoint(stream)
         return version, batch_ids(self.spark, f"{checkpoint}/offsets"), self.committed_batches(checkpoint)
@@ -1264,9 +1287,15 @@ class Nemesis:
     def _downstream(self, stream: str) -> tuple[str, ...]:
         """``stream`` and every stream that reads what it writes: a layer's are the layers above it and
         every egress; an egress has none."""
-        if stream not in STREAMS:
+        if stream not in self.layers:
             return (stream,)
-        return (*STREAMS[STREAMS.index(stream) :], *self.streams[len(STREAMS) :])
+        return (*self.layers[self.layers.index(stream) :], *self.streams[len(self.layers) :])
+
+    def _owner(self, table: str) -> str:
+        """The stream that writes ``table``: its layer's, or the fused stream."""
+        if self.layers != STREAMS:
+            return FUSED_STREAM
+        return "silver" if table == "quarantine" else table
 
     def _stream_with_work(self) -> tuple[str, int] | None:
         """A stream whose next batch will have records, and that batch's id; None when the stream's
@@ -1280,7 +1309,7 @@ class Nemesis:
     def _feed(self, stream: str) -> None:
         """Records (``work``), carried up to ``stream``'s input, so that its next batch has work."""
         self.work()
-        for upstream in STREAMS[: STREAMS.index(stream)] if stream in STREAMS else STREAMS:
+        for upstream in self.layers[: self.layers.index(stream)] if stream in self.layers else self.layers:
             code, output = self.command("run", "--layer", upstream, "--available-now")
             self.expect_ok(f"run --layer {upstream}", code, output)
 
