@@ -28,7 +28,6 @@ egress streams read gold's change feed in both modes.
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
@@ -49,18 +48,16 @@ from .delta.tables import (
 )
 from .delta.writes import append_idempotent
 from .gold import add_to_windows, touched_windows, window_aggregates
-from .monitoring import report_quarantine
 from .recovery import checkpoints
 from .recovery.crash_points import FUSED_POINTS, crash_points, reach
 from .recovery.lease import check_held
 from .recovery.sink_progress import last_tagged_batch, record_sink_versions
 from .silver import (
     insert_new_kafka_records,
-    kafka_key_ranges,
     offset_range_predicate,
     parse_events,
     quarantined_records,
-    reason_counts,
+    ranges_and_quarantine_share,
     valid_events,
 )
 
@@ -139,10 +136,7 @@ def stream_writer(
                 reach(STREAM, AFTER_BRONZE, batch_id)
                 parsed = parse_events(identified, contract).persist()
                 cached.append(parsed)
-                ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
-                rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
-                if rejected:
-                    report_quarantine(STREAM, batch_id, records, rejected, reason_counts(parsed, rejected, records))
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, STREAM, batch_id)
                 added = None
                 if rejected < records:
                     valid = valid_events(parsed, contract)

@@ -221,6 +221,24 @@ def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
     )
 
 
+def ranges_and_quarantine_share(parsed: DataFrame, stream: str, batch_id: int) -> tuple[list[Row], int, int]:
+    """A parsed batch's ``kafka_key_ranges`` with its rejected records counted, and the batch's rejected and
+    total records; the quarantine share reported for ``stream`` when any was rejected. One Spark job
+    (``parsed`` should be cached: the sinks read it again).
+
+    Example::
+
+        ranges, rejected, records = ranges_and_quarantine_share(parsed, "silver", 7)
+    """
+    if not stream:
+        raise ValueError("stream must name the stream whose batch this is")
+    ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
+    rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
+    if rejected:
+        report_quarantine(stream, batch_id, records, rejected, reason_counts(parsed, rejected, records))
+    return ranges, rejected, records
+
+
 def offset_range_predicate(ranges: list[Row], prefix: str = "") -> Column:
     """True for a row of one of the batch's (topic, topic id, partition) within its offset range.
 
@@ -310,10 +328,7 @@ def stream_writer(
         parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
         try:
             with crash_points(bronze_batch.sparkSession, "silver", batch_id):
-                ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
-                rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
-                if rejected:
-                    report_quarantine("silver", batch_id, records, rejected, reason_counts(parsed, rejected, records))
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, "silver", batch_id)
                 # Two tables, two commits: each is idempotent on its own, so a crash
                 # between them is repaired by the replay writing only the second. A table
                 # with nothing to insert is left alone (a replay finds nothing either):
