@@ -201,6 +201,17 @@ def test_bad_value_fails_at_start_naming_the_key(tmp_path, old, new, named):
         load_config(config_file=path, environ={})
 
 
+def test_the_kafka_source_holds_an_empty_fetch_as_long_as_fetch_max_wait_ms_says():
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": "broker:9092"}
+    default = load_config("local", environ=environ)
+    shortened = load_config("local", environ={**environ, "KAFKA_FETCH_MAX_WAIT_MS": "40"})
+
+    assert spark_source_options(default)["kafka.fetch.max.wait.ms"] == "100"
+    assert spark_source_options(shortened)["kafka.fetch.max.wait.ms"] == "40"
+    with pytest.raises(ConfigError, match=r"^kafka.fetch_max_wait_ms: .* \(set by KAFKA_FETCH_MAX_WAIT_MS\)"):
+        load_config("local", environ={**environ, "KAFKA_FETCH_MAX_WAIT_MS": "0"})
+
+
 def test_bad_topic_from_the_environment_names_the_key():
     with pytest.raises(ConfigError, match="kafka.topics"):
         load_config("local", environ={"KAFKA_TOPICS": "ok,not ok"})

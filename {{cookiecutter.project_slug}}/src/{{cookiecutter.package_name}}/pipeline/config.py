@@ -70,6 +70,8 @@ TLS_KEYS = (
 )
 DEFAULT_DOWNSTREAM_TRIGGER = "1 second"
 DEFAULT_LEASE_TTL = "60 seconds"
+# Kafka's own default is 500 ms: see KafkaConfig.fetch_max_wait_ms.
+DEFAULT_FETCH_MAX_WAIT_MS = 100
 
 
 class Mode(Enum):
@@ -259,6 +261,11 @@ class KafkaConfig(Section):
     starting_offsets: str
     max_offsets_per_trigger: int = Field(gt=0)
     fail_on_data_loss: bool
+    # The Kafka source's consumers (fetch.max.wait.ms): how long the broker holds a fetch that finds
+    # nothing new. Reading a batch up to its end offset, a consumer's last fetch comes back empty
+    # (past a transaction's commit marker, no record is left to return), so a batch waits this long
+    # once: at Kafka's 500 ms it was most of a small batch's read.
+    fetch_max_wait_ms: int = Field(DEFAULT_FETCH_MAX_WAIT_MS, gt=0, le=60_000)
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
     sasl_password_file: str | None = None

@@ -2,10 +2,14 @@
 
 In the layered mode a record crosses three streams on its way to gold, and each one polls its
 source, plans a batch and commits: on two cores that is seconds per hop. Here one micro-batch of
-Kafka records is written to the four tables in turn, each commit tagged with the same
-(stream id, batch id), Delta's documented pattern for idempotent writes to several tables from one
-``foreachBatch``. The transforms and writers are the layers' own (``bronze.py``, ``silver.py``,
-``gold.py``); this module chains them and says which rows gold adds.
+Kafka records is written to the four tables, each commit tagged with the same (stream id, batch id),
+Delta's documented pattern for idempotent writes to several tables from one ``foreachBatch``.
+Bronze's append and silver's each run in a thread of their own (``Beside``) while quarantine and
+gold are written in the batch's thread: no write reads another's commit, so their order is free,
+and a batch costs its longest chain of jobs rather than the sum of them. Quarantine and gold stay
+one after the other: their MERGEs take the tag from the session's settings (``delta_transaction``).
+The transforms and writers are the layers' own (``bronze.py``, ``silver.py``, ``gold.py``); this
+module chains them and says which rows gold adds.
 
 What keeps a replayed batch exact, table by table:
 
@@ -15,9 +19,9 @@ What keeps a replayed batch exact, table by table:
 * gold: the window sums of exactly the rows this batch's silver commit added. In the steady state no
   silver file may hold the batch's offsets and those are all its valid rows. Otherwise (a replay, a
   record bronze held before) they are the rows silver lacked just before the batch's commit: silver
-  read at the version before it, which a replay finds by the commit's tag. So a crash between the
-  silver and the gold commit replays gold with the same rows, and gold never counts a row that silver
-  does not hold.
+  read at the version before it, which a replay finds by the commit's tag. So a crash after either
+  commit replays gold with the same rows, and at the versions the batch recorded gold never counts
+  a row that silver does not hold (between two commits of one batch a reader may see gold ahead).
 
 The fused stream has its own checkpoint and lease, and binds all four tables to its id as every
 stream binds its own; it replaces the three layered streams, never runs beside them
@@ -27,6 +31,10 @@ egress streams read gold's change feed in both modes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
+from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
 
@@ -62,6 +70,44 @@ from .silver import (
 )
 
 STREAM = FUSED.name
+# Batches of a few records: compiling the Java code Spark generates for each expression (the
+# projections over Delta's log actions above all) was 44 % of the driver's CPU in a profile of
+# one-record fused batches, more than the batches' own work, and a batch's queries differ in their
+# literals, so the code is generated again each time. Interpreted, a one-record batch took about a
+# third less time and a 100,000-record batch the same (benchmarks.md). Spark's own setting, internal
+# (its suites run both modes to the same results; it interprets anyway when compiling fails); set on
+# this stream's session only, so the process's other streams keep the default.
+INTERPRETED = ("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+
+
+class Beside:
+    """A table's write of the batch, run in a thread of its own beside the batch's other writes.
+
+    An ``InheritableThread``: its Spark jobs carry the stream's job group, so stopping the query
+    cancels them too. ``join`` waits and raises what the write raised; ``wait`` only waits.
+    """
+
+    def __init__(self, write: Callable[[], None], name: str):
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as error:  # noqa: BLE001 - raised again by join(), in the batch's thread
+                self._error = error
+
+        self._thread = InheritableThread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def join(self) -> None:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+
+
 AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
 
 
@@ -125,17 +171,28 @@ def stream_writer(
     ingest = KafkaIngest(spark, config, lakehouse, prepared, STREAM)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
-        session = rows.sparkSession
-        # Cached: bronze's append reads Kafka once and fills it, the parse reads it back.
+        session = rows.sparkSession  # the stream's own session, cloned at its start
+        session.conf.set(*INTERPRETED)
+        # Cached: the first job to read a partition (bronze's append, or the key ranges' job
+        # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
         identified = ingest.identified(rows, batch_id).persist()
-        cached = [identified]
+        parsed = parse_events(identified, contract).persist()
+        cached, beside = [identified, parsed], []
+
+        def write_bronze() -> None:
+            check_held(lakehouse, STREAM)
+            append_idempotent(identified, paths[BRONZE], app_id, batch_id)
+            reach(STREAM, AFTER_BRONZE, batch_id)
+
+        def write_silver(added: DataFrame) -> None:
+            check_held(lakehouse, STREAM)
+            # One file per Kafka partition, as silver's own stream writes.
+            append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), paths[SILVER], app_id, batch_id)
+            reach(STREAM, AFTER_SILVER, batch_id)
+
         try:
             with crash_points(session, STREAM, batch_id):
-                check_held(lakehouse, STREAM)
-                append_idempotent(identified, paths[BRONZE], app_id, batch_id)
-                reach(STREAM, AFTER_BRONZE, batch_id)
-                parsed = parse_events(identified, contract).persist()
-                cached.append(parsed)
+                beside.append(Beside(write_bronze, f"{STREAM}-bronze"))
                 ranges, rejected, records = ranges_and_quarantine_share(parsed, STREAM, batch_id)
                 added = None
                 if rejected < records:
@@ -144,10 +201,7 @@ def stream_writer(
                     if added is not valid:
                         added = added.persist()  # an anti-join with silver: computed once for both tables
                         cached.append(added)
-                    check_held(lakehouse, STREAM)
-                    # One file per Kafka partition, as silver's own stream writes.
-                    append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), paths[SILVER], app_id, batch_id)
-                    reach(STREAM, AFTER_SILVER, batch_id)
+                    beside.append(Beside(partial(write_silver, added), f"{STREAM}-silver"))
                 if rejected:
                     check_held(lakehouse, STREAM)
                     insert_new_kafka_records(quarantined_records(parsed), paths[QUARANTINE], ranges, app_id, batch_id)
@@ -159,10 +213,14 @@ def stream_writer(
                     if windows:
                         check_held(lakehouse, STREAM)
                         add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows)
+                for write in beside:
+                    write.join()
             check_held(lakehouse, STREAM)  # before the checkpoint's sink versions and commit-log entry
             if app_id is not None:
                 record_sink_versions(session, checkpoint, batch_id, paths)
         finally:
+            for write in beside:
+                write.wait()  # a failed batch too: nothing of it may still run when its cache goes
             for frame in reversed(cached):
                 frame.unpersist()
 

@@ -212,6 +212,7 @@ def spark_source_options(config: Config) -> dict[str, str]:
         # Records of aborted or still-open transactions never reach bronze.
         "kafka.isolation.level": "read_committed",
         "includeHeaders": "true",
+        "kafka.fetch.max.wait.ms": str(config.kafka.fetch_max_wait_ms),
         "startingOffsets": config.kafka.starting_offsets,
         "failOnDataLoss": str(config.kafka.fail_on_data_loss).lower(),
         "maxOffsetsPerTrigger": str(config.kafka.max_offsets_per_trigger),

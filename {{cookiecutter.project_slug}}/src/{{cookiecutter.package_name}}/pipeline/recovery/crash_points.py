@@ -19,8 +19,8 @@ Points, inside a stream's micro-batch:
 
 and, inside a sink's own write (reached through ``reach``):
 * after_bronze_commit, after_silver_commit, after_quarantine_commit
-                      the fused stream (fused.py) has committed the batch to that table
-                      and not yet to the ones after it;
+                      the fused stream (fused.py) has committed the batch to that table;
+                      its other tables' commits run beside it and may or may not be made;
 * between_sink_commits  silver has committed the batch, quarantine has not (silver's
                       two tables are two Delta commits); in a reset's rebuild
                       (rebuild.py, the "batch id" is the source version it reads),
