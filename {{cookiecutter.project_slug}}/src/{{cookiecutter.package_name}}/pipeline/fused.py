@@ -70,6 +70,7 @@ from .silver import (
 )
 
 STREAM = FUSED.name
+AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
 # Batches of a few records: compiling the Java code Spark generates for each expression (the
 # projections over Delta's log actions above all) was 44 % of the driver's CPU in a profile of
 # one-record fused batches, more than the batches' own work, and a batch's queries differ in their
@@ -106,9 +107,6 @@ class Beside:
         self.wait()
         if self._error is not None:
             raise self._error
-
-
-AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
 
 
 def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | None, batch_id: int) -> DataFrame:
