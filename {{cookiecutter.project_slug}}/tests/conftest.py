@@ -1,5 +1,6 @@
 import os
 import re
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -296,12 +297,25 @@ def kafka_oracle():
 
 
 def set_cleanup_policy(config: Config, topic: str, policy: str) -> None:
-    """Set ``topic``'s cleanup.policy on the test broker (``compact`` or ``delete``)."""
+    """Set ``topic``'s cleanup.policy on the test broker, as ``kafka-configs.sh --alter`` does.
+
+    Returns once the broker itself reports the new policy: in KRaft the controller acknowledges
+    the change when it is in the metadata log, and the broker applies it a moment later, so a
+    describe straight after the alter can still show the old value.
+    """
     entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
     admin = AdminClient(client_config(config))  # kept alive until the change is done
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
+    deadline = time.monotonic() + 30
+    while True:
+        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+        (entries,) = (future.result(30) for future in described.values())
+        if entries["cleanup.policy"].value == policy:
+            return
+        assert time.monotonic() < deadline, f"{topic}: cleanup.policy still {entries['cleanup.policy'].value}"
+        time.sleep(0.1)
 
 
 @pytest.fixture

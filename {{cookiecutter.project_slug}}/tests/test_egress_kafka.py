@@ -25,15 +25,7 @@ from typing import NamedTuple
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewPartitions,
-    NewTopic,
-    ResourceType,
-)
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -930,15 +922,8 @@ def test_gold_compacted_between_batches_publishes_nothing_and_the_topic_stays_go
     assert_topic_is_gold(spark, config, out)
 
 
-def set_cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
-    """What the refusal's kafka-configs.sh command does: set the topic's cleanup.policy."""
-    entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-
-
 def test_an_output_topic_that_deletes_by_age_is_refused_at_start_until_it_is_compacted(
-    spark, config, kafka_bootstrap, monkeypatch, capsys
+    spark, config, kafka_bootstrap, cleanup_policy, monkeypatch, capsys
 ):
     out = f"gold-changes-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
@@ -949,7 +934,7 @@ def test_an_output_topic_that_deletes_by_age_is_refused_at_start_until_it_is_com
 
     # The broker's default policy, then compaction with deletion by age: both lose keys' newest values.
     for policy in ("delete", "compact,delete"):
-        set_cleanup_policy(admin, out, policy)
+        cleanup_policy(config, out, policy)
         capsys.readouterr()
         assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 2
         refusal = capsys.readouterr().err
@@ -960,12 +945,12 @@ def test_an_output_topic_that_deletes_by_age_is_refused_at_start_until_it_is_com
         assert not Path(Lakehouse(config.lakehouse_root).checkpoint(EGRESS)).exists()
 
     # The way out the refusal names: the topic compacted, and gold is published whole.
-    set_cleanup_policy(admin, out, "compact")
+    cleanup_policy(config, out, "compact")
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
     assert_topic_is_gold(spark, config, out)
 
     # Or the check turned off, for a topic no consumer folds from its start.
-    set_cleanup_policy(admin, out, "delete")
+    cleanup_policy(config, out, "delete")
     monkeypatch.setenv("EGRESS_KAFKA_REQUIRE_COMPACTED_TOPIC", "false")
     assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
 
