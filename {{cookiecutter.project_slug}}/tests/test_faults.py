@@ -125,8 +125,8 @@ def test_a_crash_at_each_batch_boundary_of_each_stream_loses_and_doubles_nothing
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
 
 
-# On a local disk: the layered chain above runs the same sinks' writes on the suite's storage.
 @pytest.mark.faults
+@pytest.mark.storage
 def test_the_fused_stream_killed_after_each_of_its_four_commits_loses_and_doubles_nothing(spark, config):
     ledger = committed_ledger(config, 120, seed=37)
     lakehouse = Lakehouse(config.lakehouse_root)
