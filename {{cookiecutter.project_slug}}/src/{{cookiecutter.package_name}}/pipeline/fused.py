@@ -8,8 +8,6 @@ Bronze's append and silver's each run in a thread of their own (``Beside``) whil
 gold are written in the batch's thread: no write reads another's commit, so their order is free,
 and a batch costs its longest chain of jobs rather than the sum of them. Quarantine and gold stay
 one after the other: their MERGEs take the tag from the session's settings (``delta_transaction``).
-Gold's plan (the window sums, their windows, whether gold holds any) is drawn beside silver's
-question of which rows it lacks, for the answer of the steady state: all of them.
 The transforms and writers are the layers' own (``bronze.py``, ``silver.py``, ``gold.py``); this
 module chains them and says which rows gold adds.
 
@@ -34,9 +32,7 @@ egress streams read gold's change feed in both modes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from functools import partial
-from typing import Generic, NamedTuple, TypeVar
 
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
@@ -59,7 +55,7 @@ from .delta.tables import (
     tagged_version,
 )
 from .delta.writes import append_idempotent
-from .gold import add_to_windows, touched_windows, window_aggregates, windows_may_be_held
+from .gold import add_to_windows, touched_windows, window_aggregates
 from .recovery import checkpoints
 from .recovery.crash_points import FUSED_POINTS, crash_points, reach
 from .recovery.lease import check_held
@@ -83,24 +79,21 @@ AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
 # (its suites run both modes to the same results; it interprets anyway when compiling fails); set on
 # this stream's session only, so the process's other streams keep the default.
 INTERPRETED = ("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-T = TypeVar("T")
 
 
-class Beside(Generic[T]):
-    """Part of the batch's work (a table's write, gold's plan), run in a thread of its own beside the rest.
+class Beside:
+    """A table's write of the batch, run in a thread of its own beside the batch's other writes.
 
     An ``InheritableThread``: its Spark jobs carry the stream's job group, so stopping the query
-    cancels them too. ``join`` waits and returns what the work returned, or raises what it raised;
-    ``wait`` only waits.
+    cancels them too. ``join`` waits and raises what the write raised; ``wait`` only waits.
     """
 
-    def __init__(self, work: Callable[[], T], name: str):
+    def __init__(self, write: Callable[[], None], name: str):
         self._error: BaseException | None = None
-        self._result: T | None = None
 
         def run() -> None:
             try:
-                self._result = work()
+                write()
             except BaseException as error:  # noqa: BLE001 - raised again by join(), in the batch's thread
                 self._error = error
 
@@ -110,20 +103,10 @@ class Beside(Generic[T]):
     def wait(self) -> None:
         self._thread.join()
 
-    def join(self) -> T:
+    def join(self) -> None:
         self.wait()
         if self._error is not None:
             raise self._error
-        return self._result
-
-
-class GoldPlan(NamedTuple):
-    """What gold's write of a batch needs before it starts: the rows' window sums (cached), their
-    windows (``touched_windows``), and whether a gold file may hold one of them."""
-
-    aggregates: DataFrame
-    windows: list[tuple[datetime, datetime]]
-    held: bool
 
 
 def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | None, batch_id: int) -> DataFrame:
@@ -205,24 +188,13 @@ def stream_writer(
             append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), paths[SILVER], app_id, batch_id)
             reach(STREAM, AFTER_SILVER, batch_id)
 
-        def plan_gold(added: DataFrame) -> GoldPlan:
-            aggregates = window_aggregates(added, config.gold_window, contract).persist()
-            cached.append(aggregates)
-            windows = touched_windows(aggregates)
-            return GoldPlan(aggregates, windows, bool(windows) and windows_may_be_held(session, paths[GOLD], windows))
-
         try:
             with crash_points(session, STREAM, batch_id):
                 beside.append(Beside(write_bronze, f"{STREAM}-bronze"))
-                # Gold's plan for the batch's valid rows, drawn while silver is asked which of them
-                # it lacks: all of them in the steady state. Otherwise (a replay, a record silver
-                # holds) the plan is drawn again for the rows silver's commit adds.
-                valid = valid_events(parsed, contract)
-                planned = Beside(partial(plan_gold, valid), f"{STREAM}-gold-plan")
-                beside.append(planned)
                 ranges, rejected, records = ranges_and_quarantine_share(parsed, STREAM, batch_id)
                 added = None
                 if rejected < records:
+                    valid = valid_events(parsed, contract)
                     added = rows_new_to_silver(valid, paths[SILVER], ranges, app_id, batch_id)
                     if added is not valid:
                         added = added.persist()  # an anti-join with silver: computed once for both tables
@@ -233,12 +205,12 @@ def stream_writer(
                     insert_new_kafka_records(quarantined_records(parsed), paths[QUARANTINE], ranges, app_id, batch_id)
                     reach(STREAM, AFTER_QUARANTINE, batch_id)
                 if added is not None:
-                    plan = planned.join() if added is valid else plan_gold(added)
-                    if plan.windows:
+                    aggregates = window_aggregates(added, config.gold_window, contract).persist()
+                    cached.append(aggregates)
+                    windows = touched_windows(aggregates)
+                    if windows:
                         check_held(lakehouse, STREAM)
-                        add_to_windows(
-                            plan.aggregates, paths[GOLD], app_id, batch_id, contract, plan.windows, plan.held
-                        )
+                        add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows)
                 for write in beside:
                     write.join()
             check_held(lakehouse, STREAM)  # before the checkpoint's sink versions and commit-log entry

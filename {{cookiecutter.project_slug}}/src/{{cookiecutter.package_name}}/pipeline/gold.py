@@ -136,23 +136,6 @@ def _window_predicate(windows: list[tuple[datetime, datetime]], prefix: str = ""
     )
 
 
-def windows_may_be_held(session: SparkSession, path: str, windows: list[tuple[datetime, datetime]]) -> bool:
-    """Whether a file of the gold table at ``path`` may hold a row of one of ``windows`` (``touched_windows``).
-
-    Asked of the newest version's file statistics (``may_hold``); False for a gold with no such
-    file, whose rows of these windows can then be appended.
-
-    Example::
-
-        windows_may_be_held(spark, lakehouse.table(GOLD), touched_windows(aggregates))  # False: all new
-    """
-    if not path:
-        raise ValueError("path must name gold's table")
-    if not windows:
-        raise ValueError("windows must hold at least one (first start, last start) range")
-    return may_hold(session, path, _window_predicate(windows))
-
-
 def add_to_windows(
     aggregates: DataFrame,
     path: str,
@@ -160,7 +143,6 @@ def add_to_windows(
     batch_id: int,
     contract: Contract = EVENTS,
     windows: list[tuple[datetime, datetime]] | None = None,
-    held: bool | None = None,
 ) -> None:
     """Add a batch's per-window counts and sums to the gold table.
 
@@ -168,8 +150,8 @@ def add_to_windows(
     measure sum are added. Addition is not idempotent by itself; the transaction tag is what
     makes a replayed batch count nothing twice. ``windows`` are the batch's
     (``touched_windows``, computed here when None). When no gold file may hold any of them
-    (``held``: ``windows_may_be_held``, asked here when None), no gold row shares a key with the
-    batch and its rows are appended; otherwise a MERGE reads only the gold files holding them.
+    (``may_hold``, asked of the files' statistics), no gold row shares a key with the batch
+    and its rows are appended; otherwise a MERGE reads only the gold files holding them.
     ``aggregates`` should be cached: it is read once for its windows and once to write.
 
     Example::
@@ -183,13 +165,11 @@ def add_to_windows(
         windows = touched_windows(aggregates)
     if not windows:
         return
-    # Asked of gold's newest version (by the caller, earlier in the same batch, or here); the
-    # append that follows is blind. Gold has one writer (its stream, one lease holder at a time, a
-    # fenced id's commit fails), so no row of these windows can be committed in between. A batch
-    # of scattered late events that only straddles files still takes the MERGE, exact either way.
-    if held is None:
-        held = windows_may_be_held(session, path, windows)
-    if not held:
+    # Asked of gold's newest version; the append that follows is blind. Gold has one writer
+    # (its stream, one lease holder at a time, a fenced id's commit fails), so no row of these
+    # windows can be committed in between. A batch of scattered late events that only straddles
+    # files still takes the MERGE, which is exact either way.
+    if not may_hold(session, path, _window_predicate(windows)):
         append_idempotent(aggregates, path, app_id, batch_id)
         return
     condition = _same_gold_row(contract) & _window_predicate(windows, prefix="t.")
