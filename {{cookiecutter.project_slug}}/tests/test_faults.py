@@ -434,10 +434,15 @@ def test_a_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(sp
     fused = config.model_copy(update={"mode": Mode.FUSED})
     with ExitStack() as servers:
         run_config = private_servers(fused, tmp_path, servers)
-        report = run_nemesis(run_config, logs=tmp_path / "logs", actions=FUSED_ACTIONS, seed=FUSED_SEED)
+        schedule_file = tmp_path / "schedule.json"
+        report = run_nemesis(
+            run_config, logs=tmp_path / "logs", actions=FUSED_ACTIONS, seed=FUSED_SEED, schedule_file=schedule_file
+        )
 
     print(report.table())
     assert report.clean, report.table()
+    # A replay of it plays in the fused mode whatever PIPELINE_MODE says where it is played.
+    assert Schedule.load(schedule_file).mode is Mode.FUSED
     kinds = {"kill", "crash", "partition", "foreign", "rollback", "lose"}
     assert kinds <= set(report.actions()), report.actions()
     assert sum(report.refusals.values()) >= 1, report.table()

@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.devtools.nemesis import (
     Step,
     shortest_failing,
 )
+from {{ cookiecutter.package_name }}.pipeline.config import Mode
 
 
 def draw_a_step(rng: random.Random) -> list:
@@ -108,10 +109,12 @@ def test_a_saved_schedule_ends_at_its_first_anomaly_and_reads_back_with_its_tupl
     )
     path = tmp_path / "schedule.json"
 
-    Schedule.of(seed=5, report=report).save(path)
+    Schedule.of(seed=5, report=report, mode=Mode.FUSED).save(path)
     schedule = Schedule.load(path)
 
     assert schedule.seed == 5
+    assert schedule.mode is Mode.FUSED
+    assert schedule.without(schedule.actions[:1]).mode is Mode.FUSED
     assert schedule.names() == ["produce", "retention", "drain"]
     assert schedule.actions[1]["draws"] == [("topic-a", 1), 5]
     assert schedule.anomalies == ["bronze_duplicates"]
@@ -138,6 +141,7 @@ def test_a_clean_runs_schedule_keeps_every_action_but_the_final_drain(tmp_path):
         ("not json", "not a nemesis schedule"),
         ('{"actions": []}', "'seed'"),
         ('{"seed": 1, "actions": [{"action": "teleport", "draws": []}]}', "unknown action 'teleport'"),
+        ('{"seed": 1, "mode": "sideways", "actions": []}', "'sideways' is not a valid Mode"),
     ],
 )
 def test_a_file_that_is_not_a_schedule_is_refused_naming_what_is_wrong(tmp_path, text, problem):
@@ -146,6 +150,13 @@ def test_a_file_that_is_not_a_schedule_is_refused_naming_what_is_wrong(tmp_path,
 
     with pytest.raises(ValueError, match=problem):
         Schedule.load(path)
+
+
+def test_a_schedule_saved_before_modes_were_recorded_plays_in_the_layered_mode(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text('{"seed": 3, "anomalies": [], "actions": [{"action": "produce", "draws": [5]}]}')
+
+    assert Schedule.load(path).mode is Mode.LAYERED
 
 
 def test_shortening_keeps_only_the_actions_the_failure_needs_in_their_order():

@@ -86,6 +86,7 @@ from delta.tables import DeltaTable
 from pyspark.sql.functions import col, expr, get_json_object, input_file_name
 from pyspark.sql.functions import max as max_
 
+from ..pipeline.config import Mode
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
 from ..pipeline.spark import java_class
 from .chaos import (
@@ -299,19 +300,21 @@ class Schedule:
 
     A failing run's schedule ends at its first step with an anomaly: what came after cannot have
     caused it. ``anomalies`` are the kinds that step found, the ones a shorter schedule must still find.
+    ``mode`` is the pipeline mode the run played in; a replay plays in it too, whatever its shell says.
 
     Example::
 
-        Schedule.of(seed=1, report=report).save(workdir / "schedule.json")
+        Schedule.of(seed=1, report=report, mode=Mode.FUSED).save(workdir / "schedule.json")
         Schedule.load(workdir / "schedule.json").names()  # ["produce", "kill", "drain"]
     """
 
     seed: int
     actions: list[dict]
     anomalies: list[str] = field(default_factory=list)
+    mode: Mode = Mode.LAYERED
 
     @classmethod
-    def of(cls, seed: int, report: NemesisReport) -> Schedule:
+    def of(cls, seed: int, report: NemesisReport, mode: Mode = Mode.LAYERED) -> Schedule:
         actions, anomalies = [], []
         for step in report.steps:
             if not step.final:
@@ -319,14 +322,16 @@ class Schedule:
             if step.anomalies:
                 anomalies = sorted(step.anomalies)
                 break
-        return cls(seed, actions, anomalies)
+        return cls(seed, actions, anomalies, Mode(mode))
 
     @classmethod
     def load(cls, path: Path) -> Schedule:
         """Read a schedule file; a ``ValueError`` names what is wrong with it."""
         try:
             data = json.loads(Path(path).read_text())
-            schedule = cls(int(data["seed"]), list(data["actions"]), list(data.get("anomalies", [])))
+            # A schedule saved before the mode was recorded was played in the layered mode.
+            mode = Mode(data.get("mode", Mode.LAYERED.value))
+            schedule = cls(int(data["seed"]), list(data["actions"]), list(data.get("anomalies", [])), mode)
             for action in schedule.actions:
                 action["draws"] = list(_tuples(action.get("draws", [])))
                 if action["action"] not in WEIGHTS:
@@ -336,13 +341,14 @@ class Schedule:
         return schedule
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"seed": self.seed, "anomalies": self.anomalies, "actions": self.actions}, indent=1))
+        saved = {"seed": self.seed, "mode": self.mode.value, "anomalies": self.anomalies, "actions": self.actions}
+        path.write_text(json.dumps(saved, indent=1))
 
     def names(self) -> list[str]:
         return [action["action"] for action in self.actions]
 
     def without(self, kept: list[dict]) -> Schedule:
-        return Schedule(self.seed, kept, self.anomalies)
+        return Schedule(self.seed, kept, self.anomalies, self.mode)
 
 
 class Predictions:
@@ -579,7 +585,7 @@ class Nemesis:
         self.report.steps.append(step)
         print(f"[{number:3d}] {name:<8} {step.seconds:6.1f} s  {detail}", flush=True)
         if self.schedule_file is not None:
-            Schedule.of(self.seed, self.report).save(self.schedule_file)
+            Schedule.of(self.seed, self.report, self.config.mode).save(self.schedule_file)
 
     # --- running the pipeline -----------------------------------------------------------------
 
@@ -1481,7 +1487,11 @@ def run_nemesis(
     if actions is not None and actions < 1:
         raise ValueError(f"actions must be at least 1, not {actions}")
     logs.mkdir(parents=True, exist_ok=True)
-    seed = replay.seed if replay is not None else seed
+    if replay is not None:
+        seed = replay.seed
+        # Played in the mode the schedule was taken in: its actions (a fused stream's crash points)
+        # and their draws mean nothing in the other.
+        config = config.model_copy(update={"mode": replay.mode})
     nemesis = Nemesis(config, seed, logs, broker=broker, schedule_file=schedule_file)
     try:
         return nemesis.play(actions, replay=replay)
