@@ -308,13 +308,13 @@ def set_cleanup_policy(config: Config, topic: str, policy: str) -> None:
     admin = AdminClient(client_config(config))  # kept alive until the change is done
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
+    described = ConfigResource(ResourceType.TOPIC, topic)
     deadline = time.monotonic() + 30
     while True:
-        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
-        (entries,) = (future.result(30) for future in described.values())
-        if entries["cleanup.policy"].value == policy:
+        found = admin.describe_configs([described])[described].result(30)["cleanup.policy"].value
+        if found == policy:
             return
-        assert time.monotonic() < deadline, f"{topic}: cleanup.policy still {entries['cleanup.policy'].value}"
+        assert time.monotonic() < deadline, f"{topic}: cleanup.policy still {found}"
         time.sleep(0.1)
 
 

@@ -206,7 +206,7 @@ def nemesis(config: Config, args: argparse.Namespace) -> int:
     print(report.table())
     print(f"work directory: {workdir}")
     if not report.clean:
-        schedule = Schedule.of(seed, report)  # what the run saved in schedule.json
+        schedule = Schedule.load(workdir / "schedule.json")  # saved by the run after each of its steps
         actions = ", ".join(schedule.names())
         print(f"seed {seed}; the schedule up to the first anomaly ({len(schedule.actions)} actions): {actions}")
         replay_command = f"{console_command()} nemesis --replay {workdir / 'schedule.json'}"
