@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
+from .codegen import SMALL_BATCH_RECORDS, evaluate_for
 from .config import Config
 from .delta import files
 from .delta.tables import (
@@ -87,6 +88,26 @@ def with_topic_ids(bronze_rows: DataFrame, topic_ids: dict[str, str]) -> DataFra
     return bronze_rows.select(*columns[:at], topic_id.alias("topic_id"), *columns[at:])
 
 
+def offsets_spanned(start: str, end: str) -> int | None:
+    """How many offsets lie between two positions of Kafka's source (its offset JSON); None if ``start`` lacks one.
+
+    Example::
+
+        offsets_spanned('{"events":{"0":10,"1":4}}', '{"events":{"0":12,"1":5}}')  # 3
+    """
+    starts, ends = json.loads(start), json.loads(end)
+    if not isinstance(starts, dict) or not isinstance(ends, dict):
+        raise ValueError(
+            f"offsets must be Kafka source offsets (partition offsets by topic), got {start!r} and {end!r}"
+        )
+    spans = [
+        offset - starts.get(topic, {}).get(partition, offset + 1)
+        for topic, partitions in ends.items()
+        for partition, offset in partitions.items()
+    ]
+    return None if any(span < 0 for span in spans) else sum(spans)
+
+
 class KafkaIngest:
     """Kafka's records as bronze rows, for the stream that writes bronze: bronze's own, or the fused one.
 
@@ -123,7 +144,8 @@ class KafkaIngest:
             options["startingOffsets"] = needed
             log.warning("%s: no offsets in its checkpoint; resuming after the offsets in bronze: %s", stream, needed)
         check_retained(spark, config, lakehouse, needed, self._sources.recorded_ids)
-        self._lakehouse, self._stream = lakehouse, stream
+        self._lakehouse, self._stream, self._checkpoint = lakehouse, stream, checkpoint
+        self._last_end: tuple[int, str | None] | None = None  # (batch, its end offsets) read last
         kafka_rows = spark.readStream.format("kafka").options(**options).load()
         # Applied to the stream, not per batch: here current_timestamp() is the batch
         # time from the offset log, the same when the batch is replayed.
@@ -135,6 +157,24 @@ class KafkaIngest:
         if self._first_start and batch_id == 0:
             record_first_offsets(rows.sparkSession, self._lakehouse, topic_ids, self._stream)
         return with_topic_ids(rows, topic_ids)
+
+    def planned_records(self, spark: SparkSession, batch_id: int) -> int | None:
+        """How many offsets batch ``batch_id`` spans (records and transaction markers), from the offset log.
+
+        Its end offsets less those of the batch before; None when they are unknown: the stream's
+        first batch, a partition the batch before did not read, an offset log entry gone.
+        """
+        previous = self._last_end[1] if self._last_end and self._last_end[0] == batch_id - 1 else None
+        if previous is None and batch_id > 0:
+            previous = checkpoints.batch_offsets(spark, self._checkpoint, batch_id - 1)
+        end = checkpoints.batch_offsets(spark, self._checkpoint, batch_id)
+        self._last_end = (batch_id, end)
+        return None if previous is None or end is None else offsets_spanned(previous, end)
+
+    def evaluate_for_batch(self, rows: DataFrame, batch_id: int) -> None:
+        """Interpret or compile the expressions of the batch's queries, by its planned records (``codegen.py``)."""
+        records = self.planned_records(rows.sparkSession, batch_id)
+        evaluate_for(rows.sparkSession, small=records is not None and records < SMALL_BATCH_RECORDS)
 
 
 def stream_writer(
@@ -150,6 +190,7 @@ def stream_writer(
     ingest = KafkaIngest(spark, config, lakehouse, prepared)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
+        ingest.evaluate_for_batch(rows, batch_id)
         identified = ingest.identified(rows, batch_id)
         with crash_points(rows.sparkSession, "bronze", batch_id):
             check_held(lakehouse, "bronze")

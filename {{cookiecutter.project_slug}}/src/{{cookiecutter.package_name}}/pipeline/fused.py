@@ -71,14 +71,6 @@ from .silver import (
 
 STREAM = FUSED.name
 AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
-# Batches of a few records: compiling the Java code Spark generates for each expression (the
-# projections over Delta's log actions above all) was 44 % of the driver's CPU in a profile of
-# one-record fused batches, more than the batches' own work, and a batch's queries differ in their
-# literals, so the code is generated again each time. Interpreted, a one-record batch took about a
-# third less time and a 100,000-record batch the same (benchmarks.md). Spark's own setting, internal
-# (its suites run both modes to the same results; it interprets anyway when compiling fails); set on
-# this stream's session only, so the process's other streams keep the default.
-INTERPRETED = ("spark.sql.codegen.factoryMode", "NO_CODEGEN")
 
 
 class Beside:
@@ -170,7 +162,7 @@ def stream_writer(
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         session = rows.sparkSession  # the stream's own session, cloned at its start
-        session.conf.set(*INTERPRETED)
+        ingest.evaluate_for_batch(rows, batch_id)
         # Cached: the first job to read a partition (bronze's append, or the key ranges' job
         # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
         identified = ingest.identified(rows, batch_id).persist()
