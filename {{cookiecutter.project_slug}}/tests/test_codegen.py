@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from {{ cookiecutter.package_name }}.pipeline import codegen
 from {{ cookiecutter.package_name }}.pipeline.bronze import offsets_spanned
 from {{ cookiecutter.package_name }}.pipeline.codegen import (
     FACTORY_MODE,
     INTERPRETED,
+    SMALL_KAFKA_BATCH,
     evaluate_for,
     evaluate_for_delta_batch,
+    evaluate_for_kafka_batch,
     planned_bytes,
 )
 
@@ -68,20 +69,30 @@ def test_a_process_started_interpreted_stays_interpreted_for_a_large_batch(spark
     assert stream_session.conf.get(FACTORY_MODE) == INTERPRETED
 
 
-def test_a_delta_micro_batch_is_sized_by_its_files_without_a_spark_job(spark, tmp_path, monkeypatch, started_compiled):
+def test_a_kafka_batch_under_the_crossover_is_interpreted_and_one_of_unknown_size_compiled(spark, started_compiled):
+    stream_session = spark.newSession()
+    evaluate_for_kafka_batch(stream_session, 1)
+    assert stream_session.conf.get(FACTORY_MODE) == INTERPRETED
+    evaluate_for_kafka_batch(stream_session, SMALL_KAFKA_BATCH)
+    assert stream_session.conf.get(FACTORY_MODE) == "FALLBACK"
+    evaluate_for_kafka_batch(stream_session, SMALL_KAFKA_BATCH - 1)
+    assert stream_session.conf.get(FACTORY_MODE) == INTERPRETED
+    evaluate_for_kafka_batch(stream_session, None)  # a first batch: its start is not in the offset log
+    assert stream_session.conf.get(FACTORY_MODE) == "FALLBACK"
+
+
+def test_a_delta_micro_batch_is_sized_by_its_files_without_a_spark_job(spark, tmp_path, started_compiled):
     table = tmp_path / "table"
     spark.range(0, 1000, numPartitions=2).write.format("delta").save(str(table))
     spark.range(1000, 1010, numPartitions=1).write.format("delta").mode("append").save(str(table))
     sizes = sorted(file.stat().st_size for file in table.glob("*.parquet"))
-    # Only the smallest file's batch is small: one file a batch.
-    monkeypatch.setattr(codegen, "SMALL_BATCH_BYTES", sizes[0] + 1)
     seen = []
 
     def write_batch(batch, batch_id):
         group = batch.sparkSession.sparkContext.getLocalProperty("spark.jobGroup.id")
         status = batch.sparkSession.sparkContext.statusTracker()
         jobs_before = len(status.getJobIdsForGroup(group))
-        evaluate_for_delta_batch(batch)
+        evaluate_for_delta_batch(batch, sizes[0] + 1)  # one file a batch: only the smallest's is small
         jobs = len(status.getJobIdsForGroup(group)) - jobs_before
         seen.append((planned_bytes(batch), batch.sparkSession.conf.get(FACTORY_MODE), jobs, batch.count()))
 
@@ -109,4 +120,16 @@ def test_the_helpers_refuse_what_is_not_a_session_or_a_dataframe_before_any_jvm(
     with pytest.raises(TypeError):
         planned_bytes(wrong)
     with pytest.raises(TypeError):
-        evaluate_for_delta_batch(wrong)
+        evaluate_for_delta_batch(wrong, 1)
+
+
+@pytest.mark.parametrize("records", [-1, 1.5, "10"])
+def test_a_kafka_batch_size_that_is_not_a_count_is_refused(spark, records):
+    with pytest.raises(ValueError, match="records must be a count"):
+        evaluate_for_kafka_batch(spark, records)
+
+
+@pytest.mark.parametrize("small_bytes", [0, -5, 1.5, None])
+def test_a_delta_threshold_that_is_not_a_size_is_refused(spark, small_bytes):
+    with pytest.raises(ValueError, match="small_bytes must be a size"):
+        evaluate_for_delta_batch(spark.range(1), small_bytes)

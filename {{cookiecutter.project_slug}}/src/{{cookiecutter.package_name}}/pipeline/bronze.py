@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import SMALL_BATCH_RECORDS, evaluate_for
+from .codegen import evaluate_for_kafka_batch
 from .config import Config
 from .delta import files
 from .delta.tables import (
@@ -173,8 +173,7 @@ class KafkaIngest:
 
     def evaluate_for_batch(self, rows: DataFrame, batch_id: int) -> None:
         """Interpret or compile the expressions of the batch's queries, by its planned records (``codegen.py``)."""
-        records = self.planned_records(rows.sparkSession, batch_id)
-        evaluate_for(rows.sparkSession, small=records is not None and records < SMALL_BATCH_RECORDS)
+        evaluate_for_kafka_batch(rows.sparkSession, self.planned_records(rows.sparkSession, batch_id))
 
 
 def stream_writer(

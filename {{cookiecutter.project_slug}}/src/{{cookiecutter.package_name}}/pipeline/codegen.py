@@ -24,13 +24,22 @@ from pyspark.sql import DataFrame, SparkSession
 
 FACTORY_MODE = "spark.sql.codegen.factoryMode"
 INTERPRETED = "NO_CODEGEN"
-# Where compiling starts to pay, from the figures above: compiling costs a batch about half a
-# second; interpreting costs silver about 12 us a record more, gold about 1 us a row. Silver breaks
-# even near 40,000 records; gold's smaller batches gain either way.
-SMALL_BATCH_RECORDS = 40_000
-# The same for a Delta source, in bytes of the files it reads: the benchmark's bronze holds about
-# 35 bytes a record, its silver about 25 a row; real events compress less, so this errs on compiling.
-SMALL_BATCH_BYTES = 1_500_000
+# Where compiling starts to pay: where the time interpreting adds per record (measured over large
+# batches) reaches the time compiling adds per batch (measured over one-record batches). Each
+# stream's crossover, from the figures above and benchmarks.md:
+# - bronze and the fused stream, in Kafka records: bronze adds about 0.75 us a record interpreted
+#   and saves 0.13 s of compiling a batch, so about 170,000; a fused batch of 100,000 records took
+#   6.8 s interpreted against 7.6 s compiled (medians, runs alternated), its many queries costing
+#   more to compile. Bronze's default batch (`kafka.max_offsets_per_trigger`, 100,000) stays
+#   interpreted; a larger one is compiled.
+SMALL_KAFKA_BATCH = 150_000
+# - silver, in bytes of the bronze files it reads: 12 us a record against 0.5 s, so about 40,000
+#   records, 1.4 MB of the benchmark's bronze (35 bytes a record; real events compress less, so the
+#   crossover in records comes sooner and this errs on compiling).
+SMALL_BRONZE_BATCH = 1_500_000
+# - gold, in bytes of the silver files it reads: 1 us a row against 0.47 s, about 470,000 rows,
+#   12 MB of the benchmark's silver (25 bytes a row).
+SMALL_SILVER_BATCH = 12_000_000
 
 
 def evaluate_for(session: SparkSession, small: bool) -> None:
@@ -41,7 +50,7 @@ def evaluate_for(session: SparkSession, small: bool) -> None:
 
     Example::
 
-        evaluate_for(batch.sparkSession, small=planned_bytes(batch) < SMALL_BATCH_BYTES)
+        evaluate_for(batch.sparkSession, small=planned_bytes(batch) < SMALL_BRONZE_BATCH)
     """
     if not isinstance(session, SparkSession):
         raise TypeError(f"session must be a SparkSession, not {type(session).__name__}")
@@ -51,14 +60,31 @@ def evaluate_for(session: SparkSession, small: bool) -> None:
     session.conf.set(FACTORY_MODE, INTERPRETED if small else started_with)
 
 
-def evaluate_for_delta_batch(batch: DataFrame) -> None:
-    """Interpret or compile the expressions of ``batch``'s queries (a Delta source's micro-batch) by its files' size.
+def evaluate_for_kafka_batch(session: SparkSession, records: int | None) -> None:
+    """Interpret or compile the expressions of a Kafka batch's queries by its records (None: unknown, so large).
 
     Example::
 
-        evaluate_for_delta_batch(bronze_batch)  # interpreted for a one-record batch
+        evaluate_for_kafka_batch(rows.sparkSession, records=1)  # interpreted
     """
-    small = planned_bytes(batch) < SMALL_BATCH_BYTES
+    if records is not None and (not isinstance(records, int) or records < 0):
+        raise ValueError(f"records must be a count (an int >= 0) or None, not {records!r}")
+    evaluate_for(session, small=records is not None and records < SMALL_KAFKA_BATCH)
+
+
+def evaluate_for_delta_batch(batch: DataFrame, small_bytes: int) -> None:
+    """Interpret or compile the expressions of ``batch``'s queries (a Delta source's micro-batch) by its files' size.
+
+    ``small_bytes``: the size below which the batch is small, ``SMALL_BRONZE_BATCH`` for silver's
+    source, ``SMALL_SILVER_BATCH`` for gold's.
+
+    Example::
+
+        evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)  # interpreted for a one-record batch
+    """
+    if not isinstance(small_bytes, int) or small_bytes <= 0:
+        raise ValueError(f"small_bytes must be a size in bytes (an int > 0), not {small_bytes!r}")
+    small = planned_bytes(batch) < small_bytes
     evaluate_for(batch.sparkSession, small=small)
 
 

@@ -24,7 +24,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import evaluate_for_delta_batch
+from .codegen import SMALL_SILVER_BATCH, evaluate_for_delta_batch
 from .config import Config, duration_seconds
 from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
@@ -206,7 +206,7 @@ def stream_writer(
     gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
-        evaluate_for_delta_batch(silver_batch)
+        evaluate_for_delta_batch(silver_batch, SMALL_SILVER_BATCH)
         # Aggregated once and cached: the batch is scanned once, by the job that collects its
         # windows (an empty batch has none). An isEmpty() first was one more job per batch.
         aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()

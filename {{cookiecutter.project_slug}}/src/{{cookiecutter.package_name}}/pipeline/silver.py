@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import evaluate_for_delta_batch
+from .codegen import SMALL_BRONZE_BATCH, evaluate_for_delta_batch
 from .contract import (
     EVENTS,
     NOT_AN_OBJECT,
@@ -326,7 +326,7 @@ def stream_writer(
     checkpoint, sinks = lakehouse.checkpoint("silver"), {SILVER: silver_path, QUARANTINE: quarantine_path}
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
-        evaluate_for_delta_batch(bronze_batch)
+        evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)
         parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
         try:
             with crash_points(bronze_batch.sparkSession, "silver", batch_id):
