@@ -6,7 +6,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -273,21 +275,61 @@ def test_code_in_a_validated_answer_cannot_run_in_the_hook(cookies, capfd, tmp_p
     assert not marker.exists()
 
 
-def run_logged(command: list[str], cwd: Path, env: dict, log: Path, timeout_s: float) -> tuple[int | None, str]:
+def run_logged(
+    command: list[str], cwd: Path, env: dict, log: Path, timeout_s: float, while_running=None
+) -> tuple[int | None, str]:
     """Run ``command`` with its output in ``log``; (exit code, output), exit code None when it timed out.
 
     It runs in a session of its own: on a time-out the whole tree (make, pytest, their JVMs) is killed,
-    and what it printed until then is still there to read.
+    and what it printed until then is still there to read. ``while_running``, if given, is called
+    every second until the command ends (in a thread of its own).
     """
+    ended = threading.Event()
+
+    def poll() -> None:
+        while not ended.wait(1):
+            while_running()
+
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        poller = threading.Thread(target=poll, daemon=True)
+        if while_running is not None:
+            poller.start()
         try:
             code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             code = None
+        finally:
+            ended.set()
+            if while_running is not None:
+                poller.join()
     return code, log.read_text(errors="replace")
+
+
+class Scrapes:
+    """What a Prometheus server would have scraped from ``url``: the newest answer, kept after the server is gone."""
+
+    def __init__(self, url: str):
+        self.url, self.last = url, ""
+
+    def __call__(self) -> None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as response:
+                self.last = response.read().decode()
+        except OSError:  # not serving yet, or no longer
+            pass
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The sample ``name`` whose labels include ``labels``, in the newest answer."""
+        for line in self.last.splitlines():
+            found = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+            if found and found.group(1) == name:
+                sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(2) or ""))
+                if all(sample_labels.get(key) == text for key, text in labels.items()):
+                    return float(found.group(3))
+        return None
 
 
 @pytest.mark.slow
@@ -323,8 +365,16 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
     assert summary and re.search(r"\d+ passed", summary[-1]), "the generated suite ran no tests"
     assert " failed" not in summary[-1] and " skipped" not in summary[-1], summary[-1]
 
-    code, demo = run_logged(["make", "demo"], project, env, tmp_path / "demo.log", timeout_s=900)
+    # Scraped while the demo runs, as Prometheus would: each stream's batch duration and lag.
+    scrapes = Scrapes("http://127.0.0.1:9108/metrics")
+    code, demo = run_logged(["make", "demo"], project, env, tmp_path / "demo.log", timeout_s=900, while_running=scrapes)
     assert code == 0, f"make demo {'timed out' if code is None else f'exited {code}'}:\n{demo[-20000:]}"
+    for stream in ("bronze", "silver", "gold", "kafka_egress", "postgres_egress"):
+        batches = scrapes.value("lakehouse_batch_duration_seconds_count", stream=stream) or 0
+        assert batches >= 1, (stream, scrapes.last[-5000:])
+    assert scrapes.value("lakehouse_kafka_lag_records", partition="0") == 0, scrapes.last  # bronze read all
+    assert scrapes.value("lakehouse_delta_version_lag", stream="silver", table="bronze_events") is not None
+    assert scrapes.value("lakehouse_delta_version_lag", stream="gold", table="silver_events") is not None
     assert "gold_event_windows:" in demo
     # The default bake has both egresses: each sink is printed and compared with gold by the audit.
     gold_rows = int(re.search(r"^gold_event_windows: (\d+) rows", demo, re.MULTILINE).group(1))
