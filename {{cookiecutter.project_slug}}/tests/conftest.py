@@ -36,7 +36,8 @@ def pytest_configure(config):
     # For the same reason Spark evaluates expressions interpreted rather than compiling Java for
     # each one (spark.sql.codegen.factoryMode, read by every driver from its system properties;
     # Spark's own suites run both modes to the same results): a cold bronze, silver and gold run
-    # takes about a fifth less CPU. Production keeps Spark's default (compiled, interpreted on failure).
+    # takes about a fifth less CPU. In production each stream interprets its small batches and
+    # compiles its large ones (pipeline/codegen.py); a driver started interpreted stays so.
     # JVMs print "Picked up JAVA_TOOL_OPTIONS" on stderr; no test reads a JVM's first line.
     os.environ.setdefault(
         "JAVA_TOOL_OPTIONS",
