@@ -16,6 +16,7 @@ from conftest import TEMPLATE, load_hook
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 from project_imports import unresolved_imports
+from prometheus_client.parser import text_string_to_metric_families
 
 TEMPLATE_ROOT = TEMPLATE / "{{cookiecutter.project_slug}}"
 ANSWERS = json.loads((TEMPLATE / "cookiecutter.json").read_text())
@@ -322,13 +323,11 @@ class Scrapes:
             pass
 
     def value(self, name: str, **labels: str) -> float | None:
-        """The sample ``name`` whose labels include ``labels``, in the newest answer."""
-        for line in self.last.splitlines():
-            found = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
-            if found and found.group(1) == name:
-                sample_labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(2) or ""))
-                if all(sample_labels.get(key) == text for key, text in labels.items()):
-                    return float(found.group(3))
+        """The sample ``name`` whose labels include ``labels``, in the newest answer (parsed by prometheus-client)."""
+        for family in text_string_to_metric_families(self.last):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(key) == text for key, text in labels.items()):
+                    return sample.value
         return None
 
 
