@@ -15,6 +15,7 @@ import pyspark
 import pytest
 
 from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench, sdp
+from {{ cookiecutter.package_name }}.bench.latency import KEPT_UP, latency_trend
 from {{ cookiecutter.package_name }}.bench.peer import (
     FLOWS_FILE,
     combine_runs,
@@ -108,6 +109,9 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "gold_merge_scaling",
         "fused_vs_floor",
         "latency_fused_gold_p95_s",
+        "latency_gold_trend",
+        "latency_fast_gold_trend",
+        "latency_fused_gold_trend",
     }
     assert targets & peer_targets == (peer_targets if sdp.installed() else set())
 
@@ -208,6 +212,25 @@ def test_a_goal_is_met_only_when_every_figure_of_it_meets_its_target_and_is_left
         Goal(("silver_vs_floor",), "x", (1.0, 2.0), Target("<=", 3))
     with pytest.raises(ValueError, match="unknown metric keys"):
         Goal(("silver_latency",), "x", (1.0,), Target("<=", 3))
+
+
+def test_a_pipeline_that_keeps_up_has_a_flat_latency_trend_and_one_falling_behind_a_rising_one():
+    produced = {f"m{i}": 7.5 * i for i in range(9)}  # a 60 s run
+    # Keeping up: every marker 5 s after it was produced, give or take half a second.
+    steady = {marker: at + 5.0 + (0.5 if int(marker[1:]) % 2 else 0.0) for marker, at in produced.items()}
+    assert latency_trend(produced, steady) == pytest.approx(1.0, abs=0.1)
+    assert KEPT_UP.met(latency_trend(produced, steady))
+    # Processing a tenth less than offered: each second of the run adds a tenth of a second.
+    behind = {marker: at + 5.0 + 0.1 * at for marker, at in produced.items()}
+    assert latency_trend(produced, behind) > 1.5
+    assert not KEPT_UP.met(latency_trend(produced, behind))
+
+
+def test_a_latency_trend_leaves_out_unseen_markers_and_needs_two():
+    produced = {"a": 0.0, "b": 1.0, "c": 2.0}
+    assert latency_trend(produced, {"a": 2.0, "c": 6.0}) == 2.0
+    with pytest.raises(ValueError, match="at least two markers"):
+        latency_trend(produced, {"a": 2.0})
 
 
 def test_child_log_times_each_stream_from_lines_written_in_pieces(tmp_path):

@@ -60,6 +60,13 @@ def measure(bench: Bench, topic: str) -> None:
         "s",
         Target("<=", 3),
     )
+    bench.add(
+        "latency_fused_gold_trend",
+        f"fused: Kafka -> gold latency, last third / first third, {at} ({fast['rate']:,} records/s offered)",
+        fast["gold_trend"],
+        "ratio",
+        latency.KEPT_UP,
+    )
     bench.details["fused"] = {
         "switch": handed,
         "switch_back": handed_back,

@@ -5,7 +5,9 @@ a marker of its own event_type. A marker's visibility time is the commit timesta
 table version that holds it, read back from the Delta history after the run.
 
 Two runs on the same lakehouse: at the default trigger (the target) and at the fastest setting
-(one run when the two are the same).
+(one run when the two are the same). Each states its offered rate and checks that the pipeline kept
+up with it: a pipeline that cannot falls further behind as the run goes on, so its later markers
+wait longer than its first (``latency_trend``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,32 @@ from .report import Target
 
 # A transaction every 100 ms.
 TRANSACTIONS_PER_S = 10
+# The latency trend at which a run counts as keeping up with its offered rate: its last third of
+# markers took at most half as long again as its first third (medians). A pipeline processing a
+# fraction f of the offered rate falls (1 - f) behind per second, about 40 s x (1 - f) between
+# the thirds of a 60 s run: 1.5 flags a pipeline short by about a tenth at a latency of 8 s.
+KEPT_UP = Target("<=", 1.5)
+
+
+def latency_trend(produced_at: dict[str, float], seen_at: dict[str, float]) -> float:
+    """The median latency of the last third of the markers (in the order produced) over the first third's.
+
+    About 1 when the pipeline keeps up with the offered rate; growing with the run's length when it
+    does not. Markers never seen are left out.
+
+    Example::
+
+        latency_trend({"a": 0.0, "b": 1.0, "c": 2.0}, {"a": 2.0, "b": 3.0, "c": 6.0})  # 4.0 / 2.0 = 2.0
+    """
+    latencies = [
+        seen_at[marker] - at
+        for marker, at in sorted(produced_at.items(), key=lambda item: item[1])
+        if marker in seen_at
+    ]
+    if len(latencies) < 2:
+        raise ValueError(f"a latency trend needs at least two markers seen, got {len(latencies)}")
+    third = max(1, len(latencies) // 3)
+    return statistics.median(latencies[-third:]) / statistics.median(latencies[:third])
 
 
 def first_visible(bench: Bench, path: str, first_version: int, prefix: str = MARKER_PREFIX) -> dict[str, float]:
@@ -173,10 +201,16 @@ def run(bench: Bench, topic: str, trigger: str, name: str, mode: Mode = Mode.LAY
         layer: sorted(seen_at[marker] - produced_at[marker] for marker in produced_at if marker in seen_at)
         for layer, seen_at in visible.items()
     }
+    trend = latency_trend(produced_at, visible["gold"])
+    say(
+        f"latency ({name}): offered {sizes.latency_rate:,} records/s; the last third of the markers took "
+        f"{trend:.2f} times as long as the first ({'kept up' if KEPT_UP.met(trend) else 'fell behind'})"
+    )
     return {
         "trigger": trigger,
         "trigger_s": trigger_s,
         "rate": sizes.latency_rate,
+        "gold_trend": trend,
         "seconds": sizes.latency_seconds,
         "markers": len(produced_at),
         "latencies_s": latencies,
@@ -206,6 +240,14 @@ def measure(bench: Bench, topic: str) -> None:
     bench.add(
         "latency_gold_p95_triggers", "gold latency p95 / trigger interval", gold_p95 / trigger_s, "x", Target("<=", 1.5)
     )
+    rate = f"{sizes.latency_rate:,} records/s offered"
+    bench.add(
+        "latency_gold_trend",
+        f"Kafka -> gold latency, last third / first third ({rate})",
+        default["gold_trend"],
+        "ratio",
+        KEPT_UP,
+    )
     fast_gold = fast["latencies_s"]["gold"]
     fast_p50, fast_p95 = statistics.median(fast_gold), percentile(fast_gold, 0.95)
     at = f"at {fast['trigger']}"
@@ -216,6 +258,13 @@ def measure(bench: Bench, topic: str) -> None:
         f"gold latency p95 / trigger interval, {at}",
         fast_p95 / fast["trigger_s"],
         "x",
+    )
+    bench.add(
+        "latency_fast_gold_trend",
+        f"Kafka -> gold latency, last third / first third, {at} ({rate})",
+        fast["gold_trend"],
+        "ratio",
+        KEPT_UP,
     )
     bench.details["latency"] = default
     bench.details["latency_fast"] = fast
