@@ -24,7 +24,13 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.audit import parse_bound
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
-from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound, Consumed, change_feed_consumed, delta_consumed
+from {{ cookiecutter.package_name }}.pipeline.audit.cut import (
+    Bound,
+    Consumed,
+    change_feed_consumed,
+    delta_consumed,
+    touched_windows,
+)
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
@@ -45,6 +51,21 @@ def test_a_delta_offset_tells_the_versions_read_whole_and_whether_one_was_read_i
     assert delta_consumed(delta_offset(8, 3)) == Consumed(7, False)
     # Inside the initial snapshot: nothing is read whole until the stream moves past it.
     assert delta_consumed(delta_offset(5, 12, starting=True)) == Consumed(-1, False)
+
+
+def test_a_bounded_audit_cuts_the_windows_of_its_records_exactly_before_1582_and_in_year_2(spark):
+    # A datetime literal reaches Spark rebased from the Julian calendar: days off before 1582.
+    times = [datetime(2, 1, 1, 0, 0, 30, tzinfo=UTC), datetime(1500, 6, 1, 10, 0, 30, tzinfo=UTC)]
+    silver = spark.createDataFrame([(t,) for t in times], "event_time timestamp")
+    minutes = [t.replace(second=0) + offset for t in times for offset in (timedelta(minutes=-1), timedelta(0))]
+    gold = spark.createDataFrame([(start,) for start in minutes], "window_start timestamp")
+
+    windows = touched_windows(silver, "1 minute", EVENTS, whole=False)
+
+    kept = windows(gold, "window_start").select(F.unix_micros("window_start").alias("start")).collect()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    # The span runs from the first record's window to the last one's: every minute but the one before it.
+    assert sorted(row.start for row in kept) == [(m - epoch) // timedelta(microseconds=1) for m in minutes[1:]]
 
 
 def test_a_change_feed_offset_at_the_last_change_file_of_a_version_reads_that_version_whole(spark, tmp_path):

@@ -122,7 +122,6 @@ def test_a_malformed_ratio_outside_zero_to_one_exits_2_naming_the_flag(command, 
     assert f"{command}: --malformed-ratio must be between 0 and 1, not 1.5" in capsys.readouterr().err
 
 
-@pytest.mark.storage
 class Terminal(io.StringIO):
     """What a person's terminal looks like to a command: a file that is a TTY."""
 
@@ -130,6 +129,7 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.storage
 def test_produce_run_show_audit_and_checkpoints_from_the_command_line(
     spark, pipeline_env, capsys, kafka_oracle, monkeypatch
 ):

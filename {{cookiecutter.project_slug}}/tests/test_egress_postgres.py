@@ -4,6 +4,7 @@ Each test has its own lakehouse and its own target table on one PostgreSQL serve
 """
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 from delta.tables import DeltaTable
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pyspark import cloudpickle
@@ -23,10 +25,11 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
-from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.egress import installed as installed_egresses
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     SECTION,
     STREAM,
@@ -594,3 +597,42 @@ def test_a_password_in_the_config_file_is_refused_naming_the_variable():
     refused = r"^egress_postgres\.password: a secret never goes in a config file; set EGRESS_POSTGRES_PASSWORD"
     with pytest.raises(ConfigError, match=refused):
         parse_settings({"dsn": "local", "table": "g", "password": "hunter2"}, {})
+
+
+def test_calendar_edge_event_times_run_through_every_egress_once_each_in_one_driver(
+    spark, config, postgres, kafka_oracle, monkeypatch, capsys
+):
+    # Both egresses where the bake has both: the Kafka egress's changelog is read back too.
+    with_kafka = "kafka_egress" in installed_egresses()
+    out = f"gold-edges-{os.getpid()}-{time.monotonic_ns()}"
+    admin = AdminClient(client_config(config))
+    compacted = NewTopic(out, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+    admin.create_topics([compacted])[out].result(timeout=30)
+    dsn, password = postgres
+    for name, value in {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "PIPELINE_EGRESS": "egress_kafka,egress_postgres" if with_kafka else "egress_postgres",
+        "EGRESS_KAFKA_TOPIC": out,
+        "EGRESS_POSTGRES_DSN": dsn,
+        "EGRESS_POSTGRES_PASSWORD": password,
+        "EGRESS_POSTGRES_TABLE": "gold_edges",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for _ in range(2):
+        # The same event ids twice (an application's retry): one gold row per window, counted twice.
+        produce(client_config(config), config.kafka.topics[0], calendar_edge_records("edge"))
+        assert main(["run", "--layer", "all", "--available-now"]) == 0, capsys.readouterr().err[-3000:]
+
+    in_range = sum(CALENDAR_EDGES.values())
+    assert_mirrors_gold(spark, config, postgres, "gold_edges")
+    assert len(table_mirror(postgres, "gold_edges")) == in_range
+    # The output topic folded by key, by a plain read_committed consumer: the last value of each key.
+    folded: dict[tuple[str, str], dict] = {}
+    for _, value in sorted(kafka_oracle(config, [out]).items()):
+        record = json.loads(value) if value else None
+        if record is not None and "event_count" in record:
+            folded[(record["window_start"], record["event_type"])] = record
+    assert sorted(record["event_count"] for record in folded.values()) == ([2] * in_range if with_kafka else [])
+    assert main(["audit"]) == 0, capsys.readouterr().out[-3000:]

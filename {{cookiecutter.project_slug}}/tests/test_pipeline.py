@@ -2,7 +2,7 @@
 
 import json
 import shutil
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -11,7 +11,8 @@ from chispa import assert_df_equality
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, with_downstream
 from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_aggregates
@@ -338,3 +339,34 @@ def test_audit_detects_records_rewritten_in_place_which_coordinates_cannot_show(
     assert errors["quarantine_rows_not_as_parsed_from_bronze"] in (1, 2)
     coordinates = ("kafka_records_missing_in_bronze", "silver_duplicates", "records_in_both_silver_and_quarantine")
     assert all(errors[name] == 0 for name in coordinates), errors
+
+
+@pytest.mark.parametrize("mode", ["layered", "fused"])
+def test_event_times_at_both_ends_of_the_calendar_go_to_quarantine_or_to_one_gold_row_each(
+    spark, pipeline_env, monkeypatch, capsys, mode
+):
+    monkeypatch.setenv("PIPELINE_MODE", mode)
+    for run in (1, 2):
+        # The same event ids in both runs (an application's retry), and two ordinary events each.
+        records = calendar_edge_records("edge") + list(sample_records(2, run, start=EVENT_START, prefix=f"c{run}"))
+        produce(client_config(pipeline_env), pipeline_env.kafka.topics[0], records)
+        assert main(["run", "--layer", "all", "--available-now"]) == 0, capsys.readouterr().err[-3000:]
+
+    # Judged from the produced values alone: each in-range edge's minute once in gold, counted twice.
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+
+    def minute_micros(text: str) -> int:
+        instant = datetime.fromisoformat(text)
+        return (instant.replace(second=0, microsecond=0) - epoch) // timedelta(microseconds=1)
+
+    in_range = [text for text, accepted in CALENDAR_EDGES.items() if accepted]
+    gold = table(spark, pipeline_env, GOLD).where("event_type = 'edge'")
+    rows = gold.select(F.unix_micros("window_start").alias("start"), "event_count", "amount_sum").collect()
+    assert sorted(tuple(row) for row in rows) == sorted((minute_micros(t), 2, Decimal("2.50")) for t in in_range)
+    out_of_range = "field event_time is outside the supported range [1583-01-01T00:00:00Z, 9999-01-01T00:00:00Z)"
+    reasons = [row.reason for row in table(spark, pipeline_env, QUARANTINE).collect()]
+    assert reasons == [out_of_range] * 2 * (len(CALENDAR_EDGES) - len(in_range))
+    assert table(spark, pipeline_env, GOLD).where("event_type <> 'edge'").agg(F.sum("event_count")).first()[0] == 4
+    assert main(["audit"]) == 0, capsys.readouterr().out[-3000:]
+    # Bounded to the last batch: the span of its windows, from 1583 to 9998, cut exactly.
+    assert main(["audit", "--last-batches", "1"]) == 0, capsys.readouterr().out[-3000:]

@@ -146,6 +146,25 @@ def test_a_window_in_the_hour_the_drivers_clock_repeats_is_added_to_not_inserted
     assert rows == [(int(start.timestamp()) * 1_000_000, 2)]
 
 
+@pytest.mark.parametrize(
+    "start",
+    [datetime(2, 1, 1, tzinfo=UTC), datetime(1500, 6, 1, 10, tzinfo=UTC), datetime(9998, 12, 31, 23, 59, tzinfo=UTC)],
+    ids=["year-2", "before-1582", "year-9998"],
+)
+def test_a_window_at_an_end_of_the_calendar_is_added_to_not_inserted_twice(spark, lakehouse, start):
+    # Before 1582 a datetime literal reaches Spark rebased from the Julian calendar, days away
+    # from the window gold holds: the file question and the MERGE must see the window itself.
+    gold = lakehouse.table(GOLD)
+    row = (start, start + MINUTE, "view", 1, Decimal(1))
+    for batch_id in (0, 1):
+        add_to_windows(spark.createDataFrame([row], GOLD_SCHEMA), gold, "gold-stream", batch_id)
+    written = spark.read.format("delta").load(gold).select(F.unix_micros("window_start"), "event_count")
+
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert [tuple(found) for found in written.collect()] == [((start - epoch) // timedelta(microseconds=1), 2)]
+    assert DeltaTable.forPath(spark, gold).history(1).first().operation == "MERGE"
+
+
 def test_dedup_reads_only_the_batch_partitions_files_whatever_the_skew_and_topics(spark, lakehouse):
     quarantine = lakehouse.table(QUARANTINE)
     # Partition 0 is a million offsets ahead of partition 1; topic b has its own files;

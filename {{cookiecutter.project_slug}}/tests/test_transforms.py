@@ -1,11 +1,12 @@
 """The pure transforms, on static DataFrames shaped like bronze rows."""
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from chispa import assert_df_equality
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
     DecimalType,
@@ -132,6 +133,7 @@ def test_valid_event_becomes_one_typed_silver_row(spark):
     assert quarantined_records(parsed).count() == 0
 
 
+OUT_OF_RANGE = "field event_time is outside the supported range [1583-01-01T00:00:00Z, 9999-01-01T00:00:00Z)"
 MALFORMED = [
     (None, "null value (tombstone)"),
     (b"\xff\xfe{}", "value is not valid UTF-8"),
@@ -145,6 +147,13 @@ MALFORMED = [
     (event(event_time="2024-01-01 10:00:00"), "field event_time is not an ISO-8601 timestamp with offset"),
     (event(event_time="2024-13-01T00:00:00Z"), "field event_time is not an ISO-8601 timestamp with offset"),
     (event(event_time=1704067200), "field event_time must be a string, got BIGINT"),
+    # Go's zero time and .NET's MinValue and MaxValue, and instants beyond them: outside the range.
+    (event(event_time="0001-01-01T00:00:00Z"), OUT_OF_RANGE),
+    (event(event_time="0001-01-01T00:30:00+01:00"), OUT_OF_RANGE),  # 0000-12-31T23:30Z: before year 1
+    (event(event_time="1582-10-10T12:00:00Z"), OUT_OF_RANGE),  # before the Gregorian calendar's first whole year
+    (event(event_time="1583-01-01T00:30:00+01:00"), OUT_OF_RANGE),  # 1582-12-31T23:30Z
+    (event(event_time="9999-01-01T00:00:00Z"), OUT_OF_RANGE),
+    (event(event_time="9999-12-31T23:59:59.9999999Z"), OUT_OF_RANGE),
     (event(amount="1.50"), "field amount must be a number, got STRING"),
     (event(amount=1.005), "field amount does not fit DECIMAL(18,2) exactly"),
     (event(amount=10**17), "field amount does not fit DECIMAL(18,2) exactly"),
@@ -170,6 +179,23 @@ def test_every_malformed_record_is_quarantined_with_its_reason(spark):
     )
     assert_df_equality(reasons, expected)
     assert valid_events(parsed).count() == 0
+
+
+def test_event_times_at_both_ends_of_the_supported_range_are_valid_and_exact(spark):
+    times = {
+        "1583-01-01T00:00:00Z": datetime(1583, 1, 1, tzinfo=UTC),
+        "1582-12-31T23:30:00-01:00": datetime(1583, 1, 1, 0, 30, tzinfo=UTC),
+        "9998-12-31T23:59:59.999999Z": datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    }
+    rows = [bronze_row(offset, event(event_time=text)) for offset, text in enumerate(times)]
+    parsed = parse_events(bronze(spark, rows))
+
+    micros = valid_events(parsed).orderBy("offset").select(F.unix_micros("event_time").alias("micros"))
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert [row.micros for row in micros.collect()] == [
+        (instant - epoch) // timedelta(microseconds=1) for instant in times.values()
+    ]
+    assert quarantined_records(parsed).count() == 0
 
 
 def test_quarantine_row_keeps_raw_bytes_headers_and_kafka_coordinates(spark):

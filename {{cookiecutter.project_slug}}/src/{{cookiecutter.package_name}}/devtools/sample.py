@@ -65,6 +65,47 @@ def sample_records(
             yield key, json.dumps(event).encode()
 
 
+# Event times at both ends of the calendar, as producers send them, and whether the contract
+# accepts each (``contract.EVENT_TIME_RANGE``).
+CALENDAR_EDGES: dict[str, bool] = {
+    "0001-01-01T00:00:00Z": False,  # Go's zero time, .NET's DateTime.MinValue
+    "0001-01-01T00:30:00+01:00": False,  # 0000-12-31T23:30Z: before year 1
+    "1500-06-01T10:00:30Z": False,  # before the Gregorian calendar
+    "1582-10-10T12:00:00+02:00": False,  # a day the Julian reckoning skips
+    "1582-12-31T23:30:00-01:00": True,  # 1583-01-01T00:30Z
+    "2024-02-29T23:59:59.999999Z": True,
+    "9998-12-31T23:59:59.999999Z": True,
+    "9999-01-01T00:00:00Z": False,
+    "9999-12-31T23:59:59.9999999Z": False,  # .NET's DateTime.MaxValue
+}
+
+
+def calendar_edge_records(prefix: str, event_type: str = "edge", amount: float = 1.25) -> list[Record]:
+    """One event for each of ``CALENDAR_EDGES``, ids ``<prefix>-<n>``: the same ids for the same prefix.
+
+    Example::
+
+        produce(client_config(config), "events", calendar_edge_records("edge"))
+    """
+    if not prefix:
+        raise ValueError("prefix must name the events' ids")
+    return [
+        (
+            b"user-edge",
+            json.dumps(
+                {
+                    "event_id": f"{prefix}-{index}",
+                    "event_time": text,
+                    "user_id": "user-edge",
+                    "event_type": event_type,
+                    "amount": amount,
+                }
+            ).encode(),
+        )
+        for index, text in enumerate(CALENDAR_EDGES)
+    ]
+
+
 def produce(
     producer_config: dict,
     topic: str,

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum
 
 from pyspark.sql.types import BooleanType, DataType, DecimalType, IntegerType, LongType, StringType, TimestampType
@@ -78,14 +79,49 @@ class Rule(Enum):
     NOT_AN_INTEGER = "field {name} must be an integer, got "
     DOES_NOT_FIT = "field {name} does not fit {type} exactly"
     NOT_A_BOOLEAN = "field {name} must be a boolean, got "
+    # Last, so that adding it moved no other reason's precedence.
+    OUT_OF_RANGE = "field {name} is outside the supported range [{earliest}, {end})"
 
     @property
     def appends_json_type(self) -> bool:
-        return self.value.endswith("got ")
+        return self.value.endswith(JSON_TYPE_FOLLOWS)
 
     def message(self, field: Field) -> str:
         """The reason, without the JSON type the ``... got`` rules append."""
-        return self.value.format(name=field.name, type=field.type_label)
+        earliest, end = (_iso(instant) for instant in EVENT_TIME_RANGE)
+        return self.value.format(name=field.name, type=field.type_label, earliest=earliest, end=end)
+
+
+JSON_TYPE_FOLLOWS = ", got "
+JSON_TYPE_PLACEHOLDER = "<type>"
+
+# The instants a TIMESTAMP field may hold, [earliest, end): the whole years of the Gregorian
+# calendar that Python's datetime holds. Before 1583 some of the JVM's paths still go through
+# java.sql.Timestamp and its Julian calendar: Delta's change feed reads a window of 1582-10-10 as
+# 1582-10-15, so an egress would publish a window gold does not hold. Window bounds reach the
+# driver as datetimes (years 1 to 9999), and a year of margin at the end keeps every window of up
+# to 7 days inside them. Go's zero time and .NET's MinValue (0001-01-01T00:00:00Z) and MaxValue
+# fall outside: the defaults of an unset time, quarantined rather than counted.
+EVENT_TIME_RANGE = (datetime(1583, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
+
+
+def _iso(instant: datetime) -> str:
+    return instant.isoformat().replace("+00:00", "Z")
+
+
+def quarantine_label(reason: str) -> str:
+    """``reason`` with the JSON type a ``... got`` rule appends replaced by ``<type>``: one of
+    ``Contract.quarantine_reasons()``, a bounded set, where the reasons themselves are not (a JSON
+    type names the keys of the object the producer sent).
+
+    Example::
+
+        quarantine_label("field amount must be a number, got OBJECT<a: BIGINT>")  # "... got <type>"
+    """
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+    head, found, _ = reason.partition(JSON_TYPE_FOLLOWS)
+    return head + found + JSON_TYPE_PLACEHOLDER if found else reason
 
 
 # The record-level reasons, checked before any field.
@@ -98,7 +134,7 @@ RECORD_REASONS = (TOMBSTONE, NOT_UTF8, NOT_JSON, NOT_AN_OBJECT)
 # Rules every present value of a kind is checked against (MISSING applies to required fields).
 KIND_RULES: dict[Kind, tuple[Rule, ...]] = {
     Kind.STRING: (Rule.NOT_A_STRING, Rule.EMPTY),
-    Kind.TIMESTAMP: (Rule.NOT_A_STRING, Rule.NOT_A_TIMESTAMP),
+    Kind.TIMESTAMP: (Rule.NOT_A_STRING, Rule.NOT_A_TIMESTAMP, Rule.OUT_OF_RANGE),
     Kind.DECIMAL: (Rule.NOT_A_NUMBER, Rule.DOES_NOT_FIT),
     Kind.INTEGER: (Rule.NOT_AN_INTEGER, Rule.DOES_NOT_FIT),
     Kind.LONG: (Rule.NOT_AN_INTEGER, Rule.DOES_NOT_FIT),
@@ -308,7 +344,10 @@ class Contract:
         """Every reason a record can be quarantined with, in order of precedence."""
         return [
             *RECORD_REASONS,
-            *(rule.message(field) + ("<type>" if rule.appends_json_type else "") for rule, field in self.checks()),
+            *(
+                rule.message(field) + (JSON_TYPE_PLACEHOLDER if rule.appends_json_type else "")
+                for rule, field in self.checks()
+            ),
         ]
 
 

@@ -16,7 +16,7 @@ rebuilds gold from silver at the configured window (``rebuilt_rows``; the mechan
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -29,6 +29,7 @@ from .config import Config, duration_seconds
 from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
+from .instants import from_micros, literal
 from .recovery import checkpoints
 from .recovery.crash_points import crash_points
 from .recovery.lease import check_held
@@ -102,13 +103,6 @@ def window_ranges(
     return [(first, last) for first, last, _ in runs]
 
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _utc(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
-
-
 def touched_windows(aggregates: DataFrame) -> list[tuple[datetime, datetime]]:
     """The windows of a batch's ``aggregates`` as (first start, last start) ranges (``window_ranges``); [] for none.
 
@@ -120,20 +114,21 @@ def touched_windows(aggregates: DataFrame) -> list[tuple[datetime, datetime]]:
     """
     if not isinstance(aggregates, DataFrame):
         raise TypeError(f"aggregates must be a DataFrame, not {type(aggregates).__name__}")
-    # The bounds leave Spark as microseconds since the epoch and come back as UTC datetimes:
-    # collected as timestamps they become the driver's local time, ambiguous in the hour a
-    # clock repeats once a year, and a window came back an hour off (the MERGE missed its row).
+    # The bounds leave Spark as microseconds since the epoch (``instants``): collected as timestamps
+    # they would be the driver's local time. Every bound lies in Python's years 1 to 9999, since the
+    # contract quarantines event times outside its range (``contract.EVENT_TIME_RANGE``).
     bounds = aggregates.select(F.unix_micros(WINDOW_START).alias("start"), F.unix_micros(WINDOW_END).alias("end"))
     rows = bounds.distinct().collect()
-    return window_ranges([_utc(r.start) for r in rows], [_utc(r.end) for r in rows])
+    return window_ranges([from_micros(r.start) for r in rows], [from_micros(r.end) for r in rows])
 
 
 def _window_predicate(windows: list[tuple[datetime, datetime]], prefix: str = "") -> Column:
     # Table columns and literals only, so Delta skips every gold file outside the batch's
-    # windows: a late event adds its own small range, not everything since.
+    # windows: a late event adds its own small range, not everything since. The literals are
+    # exact at any date (``instants.literal``): a rebased one missed a window before 1582.
     return reduce(
         lambda left, right: left | right,
-        [F.col(f"{prefix}{WINDOW_START}").between(F.lit(first), F.lit(last)) for first, last in windows],
+        [F.col(f"{prefix}{WINDOW_START}").between(literal(first), literal(last)) for first, last in windows],
     )
 
 

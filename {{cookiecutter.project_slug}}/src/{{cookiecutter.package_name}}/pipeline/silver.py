@@ -24,6 +24,7 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .codegen import SMALL_BRONZE_BATCH, evaluate_for_delta_batch
 from .contract import (
+    EVENT_TIME_RANGE,
     EVENTS,
     NOT_AN_OBJECT,
     NOT_JSON,
@@ -36,6 +37,7 @@ from .contract import (
 )
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
+from .instants import to_micros
 from .monitoring import QUARANTINE_ALERT_SHARE, report_quarantine
 from .recovery import checkpoints
 from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
@@ -125,6 +127,10 @@ def _failed(rule: Rule, field: Field) -> Column:
             failed = value.isNull()
         case Rule.NOT_A_BOOLEAN:
             failed = json_type != "BOOLEAN"
+        case Rule.OUT_OF_RANGE:
+            # Compared as microseconds: a TIMESTAMP literal before 1582 would be rebased (``instants``).
+            earliest, end = (to_micros(instant) for instant in EVENT_TIME_RANGE)
+            failed = ~F.unix_micros(value).between(earliest, end - 1)
     # An optional field that is absent (or JSON null) is valid, and null in silver.
     return ~absent & failed
 

@@ -367,8 +367,12 @@ def touched_windows(silver_in_range: DataFrame, window_duration: str, contract: 
     if whole:
         return lambda rows, column: rows
     window = F.window(contract.event_time, window_duration)
-    span = silver_in_range.agg(F.min(window.start).alias("low"), F.max(window.end).alias("high")).first()
+    # As microseconds, both ways (``instants``): exact at any date, whatever the driver's zone.
+    span = silver_in_range.agg(
+        F.min(F.unix_micros(window.start)).alias("low"), F.max(F.unix_micros(window.end)).alias("high")
+    ).first()
     if span.low is None:
         return lambda rows, column: rows.where(F.lit(False))
+    low, high = F.timestamp_micros(F.lit(span.low)), F.timestamp_micros(F.lit(span.high))
     # Tumbling windows: the rows of the windows in the span are exactly those in [first start, last end).
-    return lambda rows, column: rows.where((F.col(column) >= F.lit(span.low)) & (F.col(column) < F.lit(span.high)))
+    return lambda rows, column: rows.where((F.col(column) >= low) & (F.col(column) < high))
