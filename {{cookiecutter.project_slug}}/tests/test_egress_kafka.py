@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -29,9 +30,16 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli.streams import _run_until_stopped
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
-from {{ cookiecutter.package_name }}.pipeline.egress.kafka import EgressError, KafkaEgress, KafkaEgressSettings, settings
+from {{ cookiecutter.package_name }}.pipeline.egress.kafka import (
+    EgressError,
+    KafkaEgress,
+    KafkaEgressSettings,
+    ProducerLost,
+    settings,
+)
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, describe_topic
 from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import REWRITE_TOLERANCE_MS, CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import AFTER_PRE_COMMIT, AFTER_SINK_COMMIT, CRASH_POINT_VAR
@@ -287,6 +295,16 @@ def in_process_cli(monkeypatch, config, topic: str):
     for name, value in pipeline_vars(config, topic).items():
         monkeypatch.setenv(name, value)
     return main
+
+
+def wait_until(condition, timeout_s: float = 120.0) -> bool:
+    """Ask ``condition`` every half second until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def tiny_gold(spark, path: str, rows: int = 3) -> None:
@@ -599,7 +617,7 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
         egress.close()
 
 
-def test_a_batch_right_after_a_broker_restart_is_published_once_neither_hung_nor_failed(
+def test_a_batch_right_after_a_broker_restart_fails_unpublished_and_the_next_start_publishes_it_once(
     spark, config, kafka_broker, kafka_bootstrap, tmp_path
 ):
     out = output_topic(kafka_bootstrap)
@@ -608,23 +626,119 @@ def test_a_batch_right_after_a_broker_restart_is_published_once_neither_hung_nor
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
     egress = KafkaEgress(config, settings(config), sid)
+    restarted = None
     try:
         assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
         DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
         changes = change_feed(spark, gold, 2)
 
-        # The broker restarts between two batches. The next one reads the marker while the group's
-        # coordinator may still be loading (a retriable answer), and the producer's cached coordinator
-        # is gone: librdkafka's send_offsets_to_transaction waited on it for good, or was fenced.
+        # The broker restarts between two batches: the producer's cached coordinator is gone (librdkafka's
+        # send_offsets_to_transaction waited on it for good). The next batch fails, and publishes nothing.
         kafka_broker.stop(timeout=10)
         kafka_broker.start()
-        assert egress.publish(changes, batch_id=1) == 1
+        with pytest.raises(ProducerLost, match="lost a broker connection"):
+            egress.publish(changes, batch_id=1)
+        assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
+        assert marker(kafka_bootstrap, out, sid) == 1
 
+        # The stream's next start: a new producer (the fence), then the marker, then the batch, once.
+        restarted = KafkaEgress(config, settings(config), sid)
+        assert restarted.publish(changes, batch_id=1) == 1
         assert marker(kafka_bootstrap, out, sid) == 2
         records, state = fold(kafka_bootstrap, out, "read_committed")
         assert len(records) == 4 and topic_rows(state) == gold_rows(spark, gold)
     finally:
-        egress.close()
+        egress.close(timeout_s=0)
+        if restarted is not None:
+            restarted.close()
+
+
+def test_a_process_that_stood_still_inside_a_batch_and_lost_its_connection_fences_no_one_and_publishes_nothing(
+    spark, config, kafka_broker, kafka_bootstrap, tmp_path, monkeypatch
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out)
+    gold = str(tmp_path / "gold")
+    tiny_gold(spark, gold)
+    sid = str(uuid.uuid4())
+    frozen = KafkaEgress(config, settings(config), sid)
+    successor = None
+    try:
+        assert frozen.publish(change_feed(spark, gold, 0), batch_id=0) == 3
+        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
+        changes = change_feed(spark, gold, 2)
+
+        def stand_still(marker_read):
+            # Batch 1 has checked its lease and read the marker (at batch 0). The process stands still
+            # here past its lease; meanwhile its broker connection drops (a broker restart) and another
+            # process takes the stream over: its producer fences this one, and it publishes batch 1.
+            nonlocal successor
+            kafka_broker.stop(timeout=10)
+            kafka_broker.start()
+            successor = KafkaEgress(config, settings(config), sid)
+            assert successor.publish(changes, batch_id=1) == 1
+            return KafkaEgress.check_topic(frozen, marker_read)
+
+        monkeypatch.setattr(frozen, "check_topic", stand_still)
+        # It wakes: a producer made now would fence the successor and commit batch 1 again, on the
+        # strength of the marker read before. The batch fails instead, and publishes nothing.
+        with pytest.raises(ProducerLost):
+            frozen.publish(changes, batch_id=1)
+
+        # Judged from the topic alone: batch 1 once, and the topic folds to gold.
+        assert marker(kafka_bootstrap, out, sid) == 2
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert len(records) == 4 and topic_rows(state) == gold_rows(spark, gold)
+        assert_each_version_once(records)
+        # No producer was initialised inside the batch: the successor was not fenced and goes on.
+        DeltaTable.forPath(spark, gold).update("event_count = 2", {"event_count": "event_count + 10"})
+        assert successor.publish(change_feed(spark, gold, 3), batch_id=2) == 1
+        assert marker(kafka_bootstrap, out, sid) == 3
+        # The stood-still stream's next start replays its batch 1: the marker shows it, nothing is published.
+        rerun = KafkaEgress(config, settings(config), sid)
+        try:
+            assert rerun.publish(changes, batch_id=1) == 0
+        finally:
+            rerun.close()
+        records, state = fold(kafka_bootstrap, out, "read_committed")
+        assert len(records) == 5 and topic_rows(state) == gold_rows(spark, gold)
+        assert_each_version_once(records)
+    finally:
+        frozen.close(timeout_s=0)
+        if successor is not None:
+            with contextlib.suppress(KafkaException):  # fenced by the rerun
+                successor.close()
+
+
+def test_a_continuous_run_starts_the_egress_again_after_a_broker_restart_and_publishes_each_batch_once(
+    spark, config, kafka_broker, kafka_bootstrap, capsys
+):
+    out = output_topic(kafka_bootstrap)
+    config = with_egress(config, out).model_copy(update={"trigger_interval": "1 second"})
+    tiny_gold(spark, gold_path(config), rows=3)
+    stop, ended = threading.Event(), {}
+
+    def run_until_stopped() -> None:
+        ended["code"] = _run_until_stopped(spark, config, (EGRESS,), stop)
+
+    runner = threading.Thread(target=run_until_stopped, daemon=True)
+    runner.start()
+    try:
+        assert wait_until(lambda: batches(config, "commits") and marker(kafka_bootstrap, out, stream_id(config)))
+        kafka_broker.stop(timeout=10)
+        kafka_broker.start()
+        DeltaTable.forPath(spark, gold_path(config)).update("event_count = 1", {"event_count": "event_count + 10"})
+        # The egress's next batch fails (its producer lost the broker), and the run starts the stream
+        # again: a new producer, the marker, the batch published once. The run goes on meanwhile.
+        assert wait_until(lambda: marker(kafka_bootstrap, out, stream_id(config)) == 2, timeout_s=240)
+        assert runner.is_alive()
+    finally:
+        stop.set()
+        runner.join(timeout=300)
+    assert ended == {"code": 0}
+    assert f"stream {EGRESS} failed" in capsys.readouterr().err
+    records = assert_topic_is_gold(spark, config, out)
+    assert len(records) == 4
 
 
 def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_anything_is_published(

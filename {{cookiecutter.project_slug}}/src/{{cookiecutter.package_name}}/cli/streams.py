@@ -87,6 +87,12 @@ def _reporting(spark, reporter) -> Iterator[None]:
         spark.streams.removeListener(reporter)
 
 
+# A stream started again after a failure a new start mends (``_restartable``): at most this many times
+# within the window, so that a broker that keeps failing ends the run, as any other failure does.
+RESTARTS_PER_WINDOW = 5
+RESTART_WINDOW_S = 600.0
+
+
 def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requested: threading.Event) -> int:
     from ..pipeline.streams import start_stream
 
@@ -94,8 +100,25 @@ def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requ
     for layer in layers:
         if not stop_requested.is_set():
             queries.append(start_stream(spark, config, layer, available_now=False))
-    while not stop_requested.is_set() and all(query.isActive for query in queries):
-        stop_requested.wait(1.0)
+    restarts: list[float] = []
+    while not stop_requested.is_set():
+        if all(query.isActive for query in queries):
+            stop_requested.wait(1.0)
+            continue
+        # An egress whose producer lost its broker connection fails its batch rather than make a new
+        # producer inside it: started again, it fences first and reads its marker after. A broker that
+        # keeps dropping the connection ends the run as any failure does.
+        ended = [index for index, query in enumerate(queries) if not query.isActive]
+        restarts = [at for at in restarts if at > time.monotonic() - RESTART_WINDOW_S]
+        if len(restarts) + len(ended) > RESTARTS_PER_WINDOW or not all(_restartable(queries[i]) for i in ended):
+            break
+        for index in ended:
+            print(
+                f"stream {queries[index].name} failed: {_failure(config, queries[index])}; starting it again",
+                file=sys.stderr,
+            )
+            restarts.append(time.monotonic())
+            queries[index] = start_stream(spark, config, queries[index].name, available_now=False)
     # A stream that ended on its own failed, with an exception or without one (its lease
     # was taken over by another process); the others are stopped by us.
     failed = [query for query in queries if not query.isActive]
@@ -110,6 +133,15 @@ def _run_until_stopped(spark, config: Config, layers: tuple[str, ...], stop_requ
     for query in failed:
         print(f"stream {query.name} failed: {_failure(config, query)}", file=sys.stderr)
     return ExitCode.FAILED if failed else ExitCode.OK
+
+
+def _restartable(query) -> bool:
+    """A stream that failed only because its egress's producer must be made anew: a new start does that."""
+    from ..pipeline.egress import installed
+
+    kafka = installed().get("kafka_egress")
+    restarts_the_stream = getattr(kafka, "restarts_the_stream", None)
+    return restarts_the_stream is not None and restarts_the_stream(query.exception())
 
 
 def _failure(config: Config, query) -> str:

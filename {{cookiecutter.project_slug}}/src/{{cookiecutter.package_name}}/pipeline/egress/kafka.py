@@ -15,6 +15,13 @@ The two-phase commit of the classic design, with Kafka as the transactional sink
   refused rather than published on top of a changelog that lacks the batches before. The
   marker's metadata names the output topic's id and partition count too: a topic created again
   under its name, or given more partitions, is refused before a batch is published to it;
+* the producer is made (``init_transactions``, which fences every older producer of the stream
+  id) once, when the stream starts, before the marker is read; never inside a batch. A producer
+  that lost a broker connection, or any producer that would need making again, fails the batch
+  with ``ProducerLost``, publishing nothing: a process that stood still inside a batch past its
+  lease cannot fence the process that took over (or undo a reset's fence) and commit with the
+  marker it read before. The stream's next start (a continuous run starts it again at once)
+  fences first and reads the marker after;
 * after a crash: the transactional id is derived from the stream id, so the restarted
   producer fences the old one and Kafka aborts its open transaction; the marker says,
   from Kafka alone, whether the batch Spark replays was committed. If it was, nothing
@@ -72,7 +79,8 @@ KAFKA_TIMEOUT_S = 60.0
 # What a client reports when it loses its connection to a broker. After that, librdkafka's producer may
 # keep a group coordinator that is gone in its cache, and send_offsets_to_transaction then waits for it
 # past its own timeout, for good (librdkafka issues 5456 and 5511, open in 2.16): a broker restarted
-# between two batches hung the next one. A producer made afresh looks the coordinator up again.
+# between two batches hung the next one. Only a producer made afresh looks the coordinator up again, and
+# that is made only by the stream's next start: the batch fails with ProducerLost.
 CONNECTION_LOST = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
 # A group's coordinator moving or loading its state, as right after a broker restart: asked again. The
 # client's own answer to committed() does not flag these retriable.
@@ -83,6 +91,28 @@ COORDINATOR_BUSY = frozenset(
 
 class EgressError(RuntimeError):
     """A batch could not be published; nothing of it is visible and the replay publishes it again."""
+
+
+class ProducerLost(EgressError):
+    """The producer lost a broker connection (it may keep a coordinator that is gone): the batch fails
+    before its transaction begins, nothing of it is published, and this egress publishes no more.
+
+    A producer is never made again inside a batch: that would fence whichever process holds the stream
+    now, or undo a reset's fence, after this one checked its lease and read the marker. The stream's next
+    start makes a new producer (the fence) and then reads the marker; a continuous run starts the stream
+    again at once (``restarts_the_stream``)."""
+
+
+def restarts_the_stream(failure: object) -> bool:
+    """Whether a stream that ended with ``failure`` (its query's exception, or the error) failed only
+    because its producer must be made anew: the stream is then started again, as a new process would.
+
+    Example::
+
+        if not query.isActive and restarts_the_stream(query.exception()):
+            query = start_stream(spark, config, STREAM, available_now=False)
+    """
+    return failure is not None and ProducerLost.__name__ in str(failure)
 
 
 class KafkaEgressSettings(Section):
@@ -137,7 +167,8 @@ class KafkaEgress:
     """Publishes batches of gold changes to ``settings.topic``, one Kafka transaction each.
 
     Creating it fences every older producer of the same stream id and aborts its open
-    transaction. Use one per running stream, from the driver.
+    transaction. Use one per running stream, from the driver. It makes its producer once: after
+    ``ProducerLost`` it publishes nothing more, and the stream's next start creates another.
 
     Example::
 
@@ -164,7 +195,7 @@ class KafkaEgress:
         self.marker = TopicPartition(settings.topic, MARKER_PARTITION)
         self.delivery_errors: list[str] = []
         self.connection_lost = False
-        self.producer = self._new_producer()
+        self.producer = self._new_producer()  # the only place a producer is made: before any marker read
         marker_reader = {"group.id": marker_group(stream_id), "isolation.level": "read_committed"}
         self.consumer = Consumer(client_config(config, **marker_reader, **{"enable.auto.commit": False}))
 
@@ -184,7 +215,6 @@ class KafkaEgress:
             )
         )
         producer.init_transactions(KAFKA_TIMEOUT_S)
-        self.connection_lost = False
         return producer
 
     def _on_client_error(self, error: KafkaError) -> None:
@@ -269,6 +299,7 @@ class KafkaEgress:
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must not be negative, got {batch_id}")
+        self._check_producer(batch_id)  # a connection lost between batches: failed before the marker is read
         marker = self._marker(KAFKA_TIMEOUT_S)
         committed = _batch_of(marker)
         if committed is not None and committed >= batch_id:
@@ -305,12 +336,22 @@ class KafkaEgress:
             needed=needed,
         )
 
-    def _transaction(self, records: DataFrame, batch_id: int, topic_id: str, partitions: int) -> int:
-        self.producer.poll(0)  # serves what the client reported since the last batch
+    def _check_producer(self, batch_id: int) -> None:
+        self.producer.poll(0)  # serves what the client reported since the last batch, or during this one
         if self.connection_lost:
-            # The caller checked the stream's lease just before: this process still owns the stream.
-            log.warning("%s: the producer lost a broker connection since the last batch; a new one goes on", STREAM)
-            self.producer = self._new_producer()
+            # A producer made inside a batch would fence whoever holds the stream by now (this process may
+            # have stood still since it checked its lease) and then commit with what it read before.
+            raise self._lost(batch_id)
+
+    def _lost(self, batch_id: int) -> ProducerLost:
+        return ProducerLost(
+            f"{STREAM}: the producer of stream {self.stream_id} lost a broker connection; nothing of batch "
+            f"{batch_id} is published. The stream's next start makes a new producer, fencing any older one, "
+            "then reads the marker and publishes the batch once"
+        )
+
+    def _transaction(self, records: DataFrame, batch_id: int, topic_id: str, partitions: int) -> int:
+        self._check_producer(batch_id)
         opened = time.monotonic()
         try:
             self.producer.begin_transaction()
@@ -330,6 +371,11 @@ class KafkaEgress:
             )
             self._commit(batch_id)
         except (KafkaException, EgressError) as error:
+            fatal = isinstance(error, KafkaException) and error.args[0].fatal()
+            if self.connection_lost and not fatal and not isinstance(error, ProducerLost):
+                # Lost inside the transaction (a coordinator gone, a call timed out): its records stay
+                # hidden, and the next start's producer aborts the transaction as it fences this one.
+                raise self._lost(batch_id) from error
             open_ms = (time.monotonic() - opened) * 1000
             if open_ms < self.settings.transaction_timeout_ms:
                 raise
@@ -342,10 +388,11 @@ class KafkaEgress:
             ) from error
         return published
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = KAFKA_TIMEOUT_S) -> None:
+        """Close the marker's consumer and the producer, delivering what the producer holds within ``timeout_s``."""
         self.consumer.close()
         try:
-            self.producer.flush(KAFKA_TIMEOUT_S)
+            self.producer.flush(timeout_s)
         except KafkaException:
             pass  # fenced by a newer process of this stream: nothing of ours is left to deliver
 
@@ -615,7 +662,11 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     def write_batch(changes: DataFrame, batch_id: int) -> None:
         with crash_points(changes.sparkSession, STREAM, batch_id):
             check_held(lakehouse, STREAM)
-            egress.publish(changes, batch_id)
+            try:
+                egress.publish(changes, batch_id)
+            except ProducerLost:
+                egress.close(timeout_s=0)  # this egress publishes no more: the stream's next start makes another
+                raise
         check_held(lakehouse, STREAM)  # before Spark's commit-log entry
 
     return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
