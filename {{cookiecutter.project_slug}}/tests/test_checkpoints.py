@@ -50,6 +50,8 @@ from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import SourceGuard, recorded_compacted, recorded_sources
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import needed_offsets
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import CRASH_POINT_VAR
+from {{ cookiecutter.package_name }}.pipeline.streams import start_stream
 
 
 def produce_records(config, count: int, seed: int) -> list:
@@ -343,6 +345,95 @@ def test_a_renewal_that_fails_does_not_count_and_the_query_is_stopped_in_time(sp
         lease.check_held(lakehouse, "bronze")
     monkeypatch.undo()
     held.release()
+
+
+def test_a_stream_stopped_inside_a_long_batch_keeps_its_lease_until_the_batch_has_ended(
+    spark, config, monkeypatch, capsys
+):
+    """A SIGTERM during a long batch (a rolling restart) stops the query: Spark reports it inactive at
+    once while its batch goes on, up to Spark's commit-log entry. For as long as that batch runs, the
+    lease stays held, so no other process or reset takes the stream; once released, no write of this
+    process for the stream passes its check."""
+    produce_records(config, 20, seed=61)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    monkeypatch.setenv(CRASH_POINT_VAR, "bronze:after_sink_commit:0:pause=6")
+    capsys.readouterr()
+    query = start_stream(spark, config, "bronze", available_now=False)
+    stopping = threading.Thread(target=query.stop, daemon=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "crash point bronze:after_sink_commit:0: pausing" not in capsys.readouterr().err:
+            assert time.monotonic() < deadline and query.isActive, "bronze's batch 0 never reached its pause"
+            time.sleep(0.2)
+        stopping.start()
+        while query.isActive:
+            time.sleep(0.05)
+        inactive_at, looks = time.monotonic(), 0
+        while stopping.is_alive():  # the batch still runs: its thread has not ended
+            assert lease.read_lease(spark, lakehouse, "bronze")[0] is lease.LeaseStatus.HELD, (
+                f"lease let go {time.monotonic() - inactive_at:.1f} s after the stop, while the batch still ran"
+            )
+            looks += 1
+            time.sleep(0.2)
+        assert looks >= 5 and time.monotonic() - inactive_at > 4 * lease.WATCH_INTERVAL_S, "nothing was tested"
+    finally:
+        query.stop()
+    deadline = time.monotonic() + 10
+    while lease.read_lease(spark, lakehouse, "bronze")[0] is not lease.LeaseStatus.FREE:
+        assert time.monotonic() < deadline, "the lease was not released after the batch ended"
+        time.sleep(0.2)
+    with pytest.raises(lease.LeaseLost, match="bronze: this process released lease .* writes nothing more"):
+        lease.check_held(lakehouse, "bronze")
+    again = lease.acquire(spark, lakehouse, "bronze")  # taken again, the stream may write once more
+    lease.check_held(lakehouse, "bronze")
+    again.release()
+
+
+def test_a_holder_in_another_pid_namespace_or_boot_is_judged_by_age_not_by_its_pid(spark, tmp_path):
+    """Two containers sharing the host's network share its host name, not their pids: a pid that names
+    no process here may be a live holder there. Only a holder of this very system (host, boot id and
+    PID namespace) is judged dead by its pid; a record written before these were recorded is judged as
+    it was written to be, by host and pid."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    host, pid_namespace = socket.gethostname(), os.readlink("/proc/self/ns/pid")
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that names no process here
+    path = Path(lease.lease_path(lakehouse, "silver", 1))
+    path.parent.mkdir(parents=True)
+
+    def holder(**fields) -> dict:
+        record = {"owner": "other", "stream": "silver", "host": host, "pid": dead.pid, "started": "?"}
+        return {**record, "renewed_ms": int(time.time() * 1000), "ttl_s": 60.0, **fields}
+
+    for other in ({"pid_namespace": "pid:[1]", "boot_id": boot_id}, {"pid_namespace": pid_namespace, "boot_id": "0"}):
+        path.write_text(json.dumps(holder(**other)))
+        assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HELD, other
+        with pytest.raises(lease.LeaseHeld, match=f"held by pid {dead.pid} on host {host}"):
+            lease.acquire(spark, lakehouse, "silver")
+    for this_system in ({}, {"pid_namespace": pid_namespace, "boot_id": boot_id}):  # {}: an older record
+        path.write_text(json.dumps(holder(**this_system)))
+        assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HOLDER_DEAD, this_system
+
+    taken = lease.acquire(spark, lakehouse, "silver")
+    record = json.loads(Path(taken.path).read_text())
+    assert (record["host"], record["boot_id"], record["pid_namespace"]) == (host, boot_id, pid_namespace)
+    taken.release()
+
+
+def test_a_holders_lease_age_runs_on_a_clock_that_counts_a_suspend():
+    """CLOCK_MONOTONIC stands still while the system is suspended or its VM paused; a holder measuring
+    on it would, woken after an hour, take its last renewal for seconds old and write. Here the boot
+    clock runs an hour ahead of the monotonic one, as after an hour suspended (a time namespace)."""
+    measure = (
+        "import time; from {{ cookiecutter.package_name }}.pipeline.recovery import lease; "
+        "print(lease.clock() - time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME) - lease.clock())"
+    )
+    namespace = ["unshare", "--user", "--map-root-user", "--time", "--boottime", "3600", "--fork"]
+    measured = subprocess.run([*namespace, sys.executable, "-c", measure], capture_output=True, text=True, timeout=120)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    ahead, behind_boot = (float(value) for value in measured.stdout.split())
+    assert 3599 < ahead < 3601 and abs(behind_boot) < 1, measured.stdout
 
 
 def test_txn_retention_on_a_sink_is_refused_naming_the_property_and_the_command(spark, pipeline_env, capsys):

@@ -23,10 +23,12 @@ from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batch
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
+from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta import files
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
+from {{ cookiecutter.package_name }}.pipeline.delta.writes import append_idempotent
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import checkpoints, lease
@@ -191,6 +193,81 @@ def test_switching_to_fused_and_back_hands_every_record_over_once_and_a_lost_fus
 
     assert "silver starts at bronze version" in switch_mode(spark, config, Mode.LAYERED)
     produce("layered-2")
+    run_available_now(spark, config)
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+@pytest.mark.faults
+def test_a_bronze_commit_landing_while_the_switch_to_fused_checks_never_leaves_records_out_of_silver(
+    spark, config, monkeypatch
+):
+    """A bronze process that stood still past its lease after its last check wakes while `checkpoints switch
+    fused` looks for rows silver and gold never read, and makes its one late commit: its batch's records,
+    tagged with bronze's stream id. The fused stream reads Kafka after the offsets bronze holds, so a commit
+    that lands after the look and before the fence holds records silver never gets. Fenced first, the late
+    commit is skipped and the fused stream reads those records from Kafka: each reaches silver once."""
+    ledger = committed_ledger(config, 30, seed=71)
+    run_available_now(spark, config)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    bronze_path = lakehouse.table(BRONZE)
+    # The late batch's rows, as bronze writes them: read by a bronze stream of a lakehouse of its own.
+    late_config = config.model_copy(update={"lakehouse_root": f"{config.lakehouse_root}-late"})
+    produce_numbered(client_config(config), config.kafka.topics[0], "late", 20, 72, ledger, duration_s=0)
+    run_available_now(spark, late_config, ("bronze",))
+    bronze_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint("bronze"), "bronze")
+    next_batch = checkpoints.last_committed_batch(spark, lakehouse.checkpoint("bronze")) + 1
+    landed: list[bool] = []
+    first_unread_rows = pipeline_streams._first_unread_rows
+
+    def late_commit_during_the_look(session, house, stream):
+        found = first_unread_rows(session, house, stream)
+        if not landed:
+            held = session.read.format("delta").load(bronze_path).select("topic", "partition", "offset")
+            late = (
+                session.read.format("delta")
+                .load(Lakehouse(late_config.lakehouse_root).table(BRONZE))
+                .join(held, ["topic", "partition", "offset"], "left_anti")
+            )
+            assert late.count() == 20
+            before = latest_snapshot(session, bronze_path).version()
+            append_idempotent(late, bronze_path, bronze_id, next_batch)
+            landed.append(latest_snapshot(session, bronze_path).version() > before)
+        return found
+
+    monkeypatch.setattr(pipeline_streams, "_first_unread_rows", late_commit_during_the_look)
+    switch_mode(spark, config, Mode.FUSED)
+    monkeypatch.undo()
+    assert landed == [False], "the late bronze commit landed: the switch checked before it fenced"
+    run_available_now(spark, config.model_copy(update={"mode": Mode.FUSED}))
+    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+
+
+@pytest.mark.faults
+def test_a_fused_start_while_a_layered_start_checks_the_mode_on_an_empty_lakehouse_is_refused(
+    spark, config, monkeypatch
+):
+    """Two starts of different modes on an empty lakehouse: without the other mode's leases held while a
+    start checks the mode and makes its checkpoint, both find no checkpoint of the other mode, both make
+    their own, and the lakehouse is carried on by two modes reading Kafka from two positions."""
+    ledger = committed_ledger(config, 20, seed=73)
+    lakehouse = Lakehouse(config.lakehouse_root)
+    prepare = checkpoints.prepare
+    fused_runs: list[subprocess.CompletedProcess] = []
+
+    def fused_start_while_bronze_checks(session, house, stream):
+        if stream.name == "bronze" and not fused_runs:
+            fused_runs.append(pipeline("run", "--available-now", env=pipeline_env(config, PIPELINE_MODE="fused")))
+        return prepare(session, house, stream)
+
+    monkeypatch.setattr(checkpoints, "prepare", fused_start_while_bronze_checks)
+    run_available_now(spark, config, ("bronze",))
+    monkeypatch.undo()
+    refused = fused_runs[0]
+    assert refused.returncode == ExitCode.REFUSED, refused.stderr[-3000:]
+    # Refused by the fused stream's own lease, which the bronze start holds while it checks.
+    assert f"fused: another process runs this stream: lease {lakehouse.checkpoint('fused')}.leases/" in refused.stderr
+    assert f"held by pid {os.getpid()} on host" in refused.stderr, refused.stderr[-3000:]
+    assert pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED) == []
     run_available_now(spark, config)
     assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
 

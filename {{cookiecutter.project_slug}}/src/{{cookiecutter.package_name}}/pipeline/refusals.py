@@ -150,15 +150,6 @@ class Refusal(Enum):
         way_out="stop them, then `checkpoints switch {mode}`: it lets them finish what they read, ends their "
         'checkpoints and starts the {mode} streams exactly where they stopped; set `pipeline.mode = "{mode}"`.',
     )
-    SWITCH_OVERTAKEN = Entry(
-        title="A layered stream that wrote while the switch to fused ran",
-        happened="a bronze or silver process started during `checkpoints switch fused`, after the switch let "
-        "silver and gold finish and before it took their leases",
-        found="{source} version {version} adds rows after {reader} read {source} to its end, while the switch "
-        "ran: a {source} stream wrote meanwhile, and the fused stream would never add them to {reader}.",
-        way_out="stop every stream, then run `checkpoints switch fused` again: it lets silver and gold read them "
-        "first.",
-    )
     METADATA_UNREADABLE = Entry(
         title="Empty or edited checkpoint metadata",
         happened="the first start died while writing the checkpoint's metadata file, or it was edited",
@@ -356,6 +347,15 @@ class Refusal(Enum):
         way_out="nothing to undo: the batch it was writing is replayed by whichever process holds the stream "
         "now. If none does, start it again (`run --layer {stream_name}`); if pauses this long are expected, raise "
         "`pipeline.lease_ttl`.",
+    )
+    LEASE_RELEASED = Entry(
+        title="A write after the stream's lease was let go",
+        happened="a batch of this process went on after the process released the stream's lease (its query "
+        "had ended and the lease was let go; another process or a reset may hold the stream since)",
+        found="this process released lease {path} {ago} s ago: it writes nothing more to the stream's tables, "
+        "checkpoint or sink.",
+        way_out="nothing to undo: the batch is replayed by whichever process holds the stream now. If none does, "
+        "start it again (`run --layer {stream_name}`).",
     )
     RESET_UNCONFIRMED = Entry(
         title="A reset nobody confirmed",

@@ -7,7 +7,8 @@ This module wires a stream to what every stream shares, in the same order for ea
 1. the tables exist with the schemas of the event contract (``delta/tables.py``);
 2. one process per stream: a lease beside the checkpoint (``recovery/lease.py``);
 3. the checkpoint is bound to the stream's tables, and a lost, swapped or older checkpoint is
-   refused with its way out (``recovery/checkpoints.py``);
+   refused with its way out (``recovery/checkpoints.py``); the mode is checked and the checkpoint
+   made while the other mode's leases are held too (``check_mode``);
 4. the layer's own guards, then its stream, started with the checkpoint and the trigger.
 
 Exactly-once, end to end, rests on three parts:
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -50,7 +53,7 @@ from .delta.tables import (
     table_exists,
     with_downstream,
 )
-from .delta.writes import Delivery, cancel_warm_ups
+from .delta.writes import FENCED_BATCH, Delivery, cancel_warm_ups
 from .egress import configured
 from .egress import stream as egress_stream
 from .kafka import identity
@@ -104,8 +107,10 @@ def start_stream(
     try:
         # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
         stream = STREAMS.get(layer) or (FUSED if layer == FUSED.name else egress_stream(layer))
-        check_mode(spark, lakehouse, layer)
-        prepared = checkpoints.prepare(spark, lakehouse, stream)
+        check_mode(spark, lakehouse, layer)  # at once, without waiting on a lease, where it refuses anyway
+        with other_mode_held(spark, lakehouse, layer, ttl_s):
+            check_mode(spark, lakehouse, layer)  # again, now that no stream of the other mode can start
+            prepared = checkpoints.prepare(spark, lakehouse, stream)
         if layer in ("bronze", FUSED.name):
             bronze.check_subscription(spark, config, lakehouse, layer)
         if layer in (gold.STREAM, FUSED.name):
@@ -157,6 +162,63 @@ def streams_holding_the_lakehouse(spark: SparkSession, lakehouse: Lakehouse, mod
         for name in names
         if checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(name), name) is not None
     ]
+
+
+# How long a layered start waits for the fused stream's lease while another start holds it for its own check.
+MODE_CHECK_WAIT_S = 60.0
+
+
+def other_mode_streams(layer: str) -> list[str]:
+    """The streams of the mode ``layer`` is not of: the fused stream for a layer, the layers for the fused
+    stream; none for an egress, which runs in either mode.
+
+    Example::
+
+        other_mode_streams("silver")  # ["fused"]
+    """
+    if layer == FUSED.name:
+        return list(LAYERS)
+    if layer in LAYERS:
+        return [FUSED.name]
+    return []
+
+
+@contextmanager
+def other_mode_held(
+    spark: SparkSession, lakehouse: Lakehouse, layer: str, ttl_s: float = lease.DEFAULT_TTL_S
+) -> Iterator[None]:
+    """Hold the leases of the other mode's streams for a block: ``layer``'s mode check and the checkpoint it
+    makes. Without them, two starts of different modes on an empty lakehouse both find no checkpoint of
+    the other mode and both make their own.
+
+    A fused start refuses (LeaseHeld) at once where a layered stream runs or starts. A layered start
+    waits up to ``MODE_CHECK_WAIT_S`` for the fused lease, which another layered start holds for its
+    own check for a moment, then refuses naming its holder.
+
+    Example::
+
+        with other_mode_held(spark, Lakehouse("/data/lake"), "bronze"):
+            check_mode(spark, Lakehouse("/data/lake"), "bronze")  # no fused start meanwhile
+    """
+    others = other_mode_streams(layer)
+    if not others:
+        yield
+        return
+    mode = Mode.FUSED if layer == FUSED.name else Mode.LAYERED
+    way_out = f"The two modes never run side by side: `checkpoints switch {mode.value}` hands the lakehouse over."
+    deadline = time.monotonic() + (0 if mode is Mode.FUSED else MODE_CHECK_WAIT_S)
+    held = ExitStack()
+    while True:
+        try:
+            held.enter_context(lease.holding(spark, lakehouse, others, way_out=way_out, ttl_s=ttl_s))
+            break
+        except lease.LeaseHeld:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(lease.WATCH_INTERVAL_S)
+            check_mode(spark, lakehouse, layer)  # the fused start that held it may have made its checkpoint
+    with held:
+        yield
 
 
 def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str) -> None:
@@ -272,7 +334,12 @@ def switch_mode(spark: SparkSession, config: Config, to: Mode, contract: Contrac
     checkpoint lost, or refused) says nothing certain of its last batch: silver and gold are then
     rebuilt from bronze, as a reset of silver rebuilds them.
 
-    Every stream of both modes must be stopped: their leases are held while the checkpoints change.
+    Every stream of both modes must be stopped: their leases are held while the checkpoints change. Under
+    them the ids of the streams that end are fenced on their tables first, and what the hand-over goes by is
+    read after the fence: a process of the other mode that stood still past its lease and wakes inside the
+    switch cannot commit after the check. A layered commit that landed before the fence and that silver or
+    gold never read has silver and gold rebuilt from bronze (as a reset of silver rebuilds them), so the
+    fused stream never starts past rows silver lacks.
 
     Example::
 
@@ -297,7 +364,9 @@ def switch_mode(spark: SparkSession, config: Config, to: Mode, contract: Contrac
     way_out = f"Then run `checkpoints switch {to.value}` again."
     with lease.holding(spark, lakehouse, [*LAYERS, FUSED.name], way_out=way_out, ttl_s=ttl_s):
         if to is Mode.FUSED:
-            return _hand_to_fused(spark, lakehouse)
+            if streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED):  # another switch was quicker
+                return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
+            return _hand_to_fused(spark, lakehouse, config, contract)
         return _hand_to_layered(spark, lakehouse, config, contract)
 
 
@@ -309,14 +378,20 @@ def _fused_ids(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
     }
 
 
-def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse) -> str:
-    for name in ("silver", "gold"):
-        source = STREAMS[name].source
-        unread = _first_unread_rows(spark, lakehouse, STREAMS[name])
-        if unread is not None:
-            raise checkpoints.CheckpointError(
-                Refusal.SWITCH_OVERTAKEN.message(name, reader=name, source=source, version=unread)
-            )
+def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
+    # Fence first, then check: from the fence on no layered commit lands, so what is unread now stays so.
+    checkpoints.fence(spark, lakehouse, [STREAMS[name] for name in LAYERS])
+    unread = {name: _first_unread_rows(spark, lakehouse, STREAMS[name]) for name in ("silver", "gold")}
+    overtaken = [f"{STREAMS[name].source} version {version}" for name, version in unread.items() if version is not None]
+    if overtaken:
+        # A layered process wrote after silver and gold finished (one that stood still past its lease):
+        # rows silver or gold never read. Their ids are fenced, so they can no longer read them: rebuilt.
+        rebuilt = reset_fused(spark, config, contract)
+        done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
+        return (
+            f"{' and '.join(overtaken)} added rows while the switch ran, never read by the layer below: rebuilt "
+            f"{done}; the layered checkpoints are gone and the fused stream reads Kafka after the offsets bronze holds"
+        )
     checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
     checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
     versions = {name: latest_snapshot(spark, lakehouse.table(name)).version() for name in (BRONZE, SILVER)}
@@ -327,12 +402,16 @@ def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse) -> str:
 
 
 def _first_unread_rows(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> int | None:
-    """The first version of ``stream``'s source that adds rows the stream has not read; None when it read them all."""
+    """The first version of ``stream``'s source that adds rows the stream has not read in a committed batch;
+    None when it read them all. A fence's commit adds none."""
     state = checkpoints.inspect(spark, lakehouse, stream)
-    first = 0 if state.source is None else state.source.reaches.newest_read + 1
+    # Where its last committed batch ended: a batch planned and not committed may never have been written.
+    first = 0 if state.source is None else state.source.resumes_from.newest_read + 1
     newest = latest_snapshot(spark, lakehouse.table(stream.source)).version()
     for version in range(first, newest + 1):
         actions = commit_actions(spark, lakehouse.table(stream.source), version) or []
+        if any(action.get("txn", {}).get("version") == FENCED_BATCH for action in actions):
+            continue
         if any("add" in action and action["add"].get("dataChange", True) for action in actions):
             return version
     return None
@@ -348,8 +427,19 @@ def _fused_finished(spark: SparkSession, lakehouse: Lakehouse) -> bool:
     return state.stream_id is not None and state.refusal() is None and state.last_planned == state.last_committed
 
 
+def _fused_progress(spark: SparkSession, lakehouse: Lakehouse) -> tuple[int | None, int | None]:
+    checkpoint = lakehouse.checkpoint(FUSED.name)
+    return checkpoints.last_planned_batch(spark, checkpoint), checkpoints.last_committed_batch(spark, checkpoint)
+
+
 def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
+    # Whether it can resume as it is, read before the fence (after it, its tables read as ahead of it).
     finished = _fused_finished(spark, lakehouse)
+    progress = _fused_progress(spark, lakehouse)
+    # Fence first, then check: a fused process that stood still past its lease commits nothing from here
+    # on, and a batch it planned or finished since the look above shows in its checkpoint now.
+    checkpoints.fence(spark, lakehouse, [FUSED])
+    finished = finished and _fused_progress(spark, lakehouse) == progress
     checkpoints.reset(spark, lakehouse, [FUSED])
     if not finished:
         rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)

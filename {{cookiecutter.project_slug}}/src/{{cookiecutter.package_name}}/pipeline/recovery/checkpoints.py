@@ -90,12 +90,13 @@ from ..delta.tables import (
     unset_property,
     writer_of,
 )
-from ..delta.writes import fence_app_id
+from ..delta.writes import FENCED_BATCH, fence_app_id
 from ..refusals import Refusal
 from .sink_progress import (
     IDENTITY_PROPERTY,
     TXN_RETENTION_PROPERTY,
     SinkProgress,
+    last_tagged_batch,
     read_sink_progress,
     recorded_sink_versions,
 )
@@ -525,14 +526,7 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
     """
     for stream in streams:
         checkpoint = lakehouse.checkpoint(stream.name)
-        # Unreadable metadata: the ids the tables recorded still get fenced.
-        ended = {read_stream_id_if_readable(spark, checkpoint, stream.name)}
-        for name in stream.sinks:
-            path = lakehouse.table(name)
-            if table_exists(spark, path):
-                for stream_id in ended | {read_properties(spark, path).get(IDENTITY_PROPERTY % stream.name)}:
-                    if stream_id:
-                        fence_app_id(spark, path, stream_id)
+        fence(spark, lakehouse, [stream])
         files.delete(spark, checkpoint, recursive=True)
         if not stream.rebuilt_from_source:
             continue
@@ -540,6 +534,36 @@ def reset(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> N
             path = lakehouse.table(name)
             if table_exists(spark, path):
                 unset_property(spark, path, IDENTITY_PROPERTY % stream.name)
+
+
+def fence(spark: SparkSession, lakehouse: Lakehouse, streams: list[Stream]) -> None:
+    """Fence the stream ids of ``streams`` on each of their tables (``fence_app_id``); their checkpoints stay.
+
+    From the fence on, nothing a process of those ids still writes lands: a write that began before it
+    fails at commit, one that begins after it is skipped. What their tables hold then is final, so a
+    check made after the fence (the switch of modes) cannot be overtaken by a late commit. The ids in
+    the checkpoints' metadata are fenced, and those the tables recorded (metadata that cannot be read);
+    an id fenced already is not fenced again. A stream whose id is fenced refuses to start (its tables
+    read as ahead of its checkpoint) until its checkpoint is reset.
+
+    Example::
+
+        fence(spark, Lakehouse("/data/lake"), [STREAMS["silver"], STREAMS["gold"]])
+    """
+    for stream in streams:
+        if not isinstance(stream, Stream):
+            raise TypeError(f"streams must hold Stream values, not {type(stream).__name__}")
+    for stream in streams:
+        # Unreadable metadata: the ids the tables recorded still get fenced.
+        ended = {read_stream_id_if_readable(spark, lakehouse.checkpoint(stream.name), stream.name)}
+        for name in stream.sinks:
+            path = lakehouse.table(name)
+            if not table_exists(spark, path):
+                continue
+            snapshot = latest_snapshot(spark, path)
+            for stream_id in ended | {read_properties(spark, path).get(IDENTITY_PROPERTY % stream.name)}:
+                if stream_id and last_tagged_batch(snapshot, stream_id) != FENCED_BATCH:
+                    fence_app_id(spark, path, stream_id)
 
 
 def read_stream_id(spark: SparkSession, checkpoint: str, stream: str | None = None) -> str | None:

@@ -1,15 +1,22 @@
 """One process per stream: a lease beside the stream's checkpoint, and a holder that stops in time.
 
-``<lakehouse>/checkpoints/<stream>.leases/<generation>`` holds who runs the stream (host, pid,
-start time, a random owner id) and when it last renewed the lease; the highest generation is
-the lease. A process takes the lease before it starts the stream and a heartbeat thread renews
-it while the query runs; it is released when the query ends. Another process that finds a
-lease refuses to start the stream, or to reset it, while the lease is live. A lease is not
-live when:
+``<lakehouse>/checkpoints/<stream>.leases/<generation>`` holds who runs the stream (host, boot id,
+PID namespace, pid, start time, a random owner id) and when it last renewed the lease; the
+highest generation is the lease. A process takes the lease before it starts the stream and a
+heartbeat thread renews it while the query runs. It is released once the query's micro-batch
+thread has ended, not when Spark first reports the query inactive: a stopped query is inactive
+at once while its batch still runs and writes (a SIGTERM during a long batch), and that batch
+writes under the lease to its last line. Once released, the lease's ``check_held`` raises, so
+no write of this process for the stream passes after it. Another process that finds a lease
+refuses to start the stream, or to reset it, while the lease is live. A lease is not live when:
 
 * it was not renewed for ``ttl_s`` (the holder crashed, hangs or lost storage), or
-* its holder ran on this host and that pid is gone (or a zombie): a process
-  killed with SIGKILL on the same machine frees its streams at once.
+* its holder ran in this very system (same host name, boot id and PID namespace) and that pid is
+  gone (or a zombie): a process killed with SIGKILL on the same machine frees its streams at
+  once. A holder on a host of the same name in another boot or another PID namespace (two
+  containers sharing the host's network, and so its name) is judged by its age only, since its
+  pid means another process here. A record written before boot ids and PID namespaces were
+  recorded names neither and is judged by host name and pid, as it was written to be.
 
 Taking the lease, free or expired, is one exclusive create of the next generation's file
 (``create`` without overwrite): of two processes that both found generation 3 expired, only one
@@ -17,7 +24,9 @@ creates generation 4; nothing is deleted first. A holder writes its own generati
 nothing else, and loses the lease as soon as a higher generation exists.
 
 A holder that stood still stops by itself. It measures the age of its last successful renewal
-on its own monotonic clock, from the moment that renewal began, and may write for the stream
+on its own clock that counts a suspend (``clock``: ``CLOCK_BOOTTIME`` on Linux, where
+``CLOCK_MONOTONIC`` stands still while the system sleeps or the VM is paused; the monotonic
+clock elsewhere), from the moment that renewal began, and may write for the stream
 only while that age is below ``ttl_s`` less a quarter (``SAFETY_MARGIN_SHARE``). Every batch
 checks this right before it writes to a table or a sink (``check_held``), and the heartbeat stops
 the query once it is past; a renewal that fails does not count. Another process can take over
@@ -42,7 +51,8 @@ read is judged by its file's age and names no process. On another object store w
 writes, Hadoop checks and then writes, and two processes taking the same generation at the same
 moment can both believe they won; each reads the lease back after writing it and at every renewal,
 and the loser stops.
-Host names must be unique among the machines that run the pipeline, and their clocks must agree
+Host names must be unique among the machines that run the pipeline (containers that share one
+are told apart by their PID namespaces), and their clocks must agree
 to well within the margin (15 s at the default ``ttl_s``), since a contender judges expiry on the
 renewal time the holder wrote.
 """
@@ -84,6 +94,68 @@ SAFETY_MARGIN_SHARE = 0.25
 # How often a held query is looked at: a stream stopped by its process frees
 # its lease within this, so a restart in the same process never waits on it.
 WATCH_INTERVAL_S = 0.5
+# Where this process's system tells one boot and one PID namespace from another.
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+PID_NAMESPACE_PATH = "/proc/self/ns/pid"
+
+
+def _clock_id() -> int | None:
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    try:
+        time.clock_gettime(clock_id)
+    except OSError:  # a kernel without it
+        return None
+    return clock_id
+
+
+_CLOCK_ID = _clock_id()
+
+
+def clock() -> float:
+    """Seconds on the clock a holder measures its lease's age on: one that counts a suspend.
+
+    ``CLOCK_BOOTTIME`` where the system has it (Linux): it goes on while the system sleeps or its VM
+    is paused, where ``CLOCK_MONOTONIC`` stands still, and a holder woken after an hour would take
+    its last renewal for seconds old. Elsewhere the monotonic clock. Only differences mean anything.
+
+    Example::
+
+        began = clock()
+        renew_the_lease()
+        print(f"the renewal took {clock() - began:.1f} s, a suspend in between included")
+    """
+    return time.monotonic() if _CLOCK_ID is None else time.clock_gettime(_CLOCK_ID)
+
+
+def _read_boot_id() -> str | None:
+    try:
+        with open(BOOT_ID_PATH) as boot_id:
+            return boot_id.read().strip() or None
+    except OSError:  # not Linux, or no /proc
+        return None
+
+
+def _read_pid_namespace() -> str | None:
+    try:
+        return os.readlink(PID_NAMESPACE_PATH)
+    except OSError:
+        return None
+
+
+def system_identity() -> tuple[str, str | None, str | None]:
+    """(host name, boot id, PID namespace) of this process: what a pid means only within.
+
+    A pid names one process only in one boot of one system and one PID namespace: two containers
+    sharing the host's network share its host name, not their pids. The boot id or the namespace
+    is None where the system does not tell it (not Linux).
+
+    Example::
+
+        system_identity()  # ("worker-3", "cbccad9d-1bfb-...", "pid:[4026531836]")
+    """
+    return socket.gethostname(), _read_boot_id(), _read_pid_namespace()
 
 
 class LeaseHeld(CheckpointError):
@@ -98,7 +170,7 @@ class LeaseStatus(Enum):
     FREE = "free"
     HELD = "held"
     EXPIRED = "expired"  # not renewed within its ttl
-    HOLDER_DEAD = "holder dead"  # holder was on this host and its pid is gone
+    HOLDER_DEAD = "holder dead"  # holder ran in this system (host, boot, PID namespace) and its pid is gone
 
 
 @dataclass(frozen=True)
@@ -110,6 +182,9 @@ class LeaseRecord:
     started: str
     renewed_ms: int
     ttl_s: float
+    # None in a record written before they were recorded: such a holder is judged by host and pid alone.
+    boot_id: str | None = None
+    pid_namespace: str | None = None
 
     def describe(self) -> str:
         if self.owner == UNREADABLE:
@@ -157,14 +232,17 @@ def read_lease(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> tuple[
 def check_held(lakehouse: Lakehouse, stream: str) -> None:
     """Raise LeaseLost if this process held ``stream``'s lease and may no longer write for it.
 
-    A batch calls it right before each write to a table or sink. A process that holds no
-    lease for the stream (a test driving a writer directly) passes.
+    A batch calls it right before each write to a table or sink. It raises once the lease was
+    lost, and once this process released it (until it takes the lease again): no write of this
+    process passes after its lease was let go. A process that never held the stream's lease (a
+    test driving a writer directly) passes.
 
     Example::
 
         check_held(Lakehouse("/data/lake"), "gold")  # then MERGE the batch into gold
     """
-    held = _HELD.get(lease_directory(lakehouse, stream))
+    directory = lease_directory(lakehouse, stream)
+    held = _HELD.get(directory) or _RELEASED.get(directory)
     if held is not None:
         held.check()
 
@@ -201,8 +279,9 @@ class Lease:
         self._lock = threading.Lock()
         self._query = None
         self._beating: threading.Thread | None = None
-        # time.monotonic() when the last successful write of the lease began.
+        # clock() when the last successful write of the lease began.
         self._renewed_at = renewed_at
+        self._released_at: float | None = None
 
     @property
     def active(self) -> bool:
@@ -214,11 +293,21 @@ class Lease:
         return self.record.ttl_s * (1 - SAFETY_MARGIN_SHARE)
 
     def age_s(self) -> float:
-        """Seconds since the last successful renewal began, on this process's monotonic clock."""
-        return time.monotonic() - self._renewed_at
+        """Seconds since the last successful renewal began, on this process's ``clock`` (a suspend counts)."""
+        return clock() - self._renewed_at
 
     def check(self) -> None:
         """Raise LeaseLost unless this process may still write for the stream (see the module)."""
+        if self._released.is_set():
+            released_at = self._released_at if self._released_at is not None else clock()
+            raise LeaseLost(
+                Refusal.LEASE_RELEASED.message(
+                    self.record.stream,
+                    path=self.path,
+                    ago=f"{clock() - released_at:.0f}",
+                    stream_name=self.record.stream,
+                )
+            )
         age = self.age_s()
         if age >= self.writable_s and not self.lost.is_set():
             self._lose(f"not renewed for {age:.1f} s")
@@ -239,7 +328,7 @@ class Lease:
         with self._lock:
             if not self.active:
                 return False
-            began = time.monotonic()
+            began = clock()
             if began - self._renewed_at >= self.writable_s:
                 self._lose(f"not renewed for {began - self._renewed_at:.1f} s")
                 return False
@@ -258,11 +347,23 @@ class Lease:
         report_lease(self.record.stream, "none")
         log.error("lease %s: %s; this process writes nothing more for %s", self.path, why, self.record.stream)
 
-    def release(self) -> None:
-        """Delete the lease file if it is still ours; idempotent."""
+    def release(self, wait_s: float | None = None) -> bool:
+        """Delete the lease file if it is still ours, once the guarded query's batch thread has ended.
+
+        Spark reports a stopped query inactive at once, while its batch still runs and writes: the
+        lease is kept (and renewed by the heartbeat) until that thread is gone. ``wait_s`` bounds the
+        wait (None: as long as the batch runs); False when it ran out and the lease is kept, to be
+        released later or to expire. Idempotent; ``check`` raises from the release on.
+        """
+        deadline = None if wait_s is None else clock() + wait_s
+        while self._query is not None and not batch_thread_ended(self._query):
+            if deadline is not None and clock() >= deadline:
+                return False
+            time.sleep(min(WATCH_INTERVAL_S / 5, 0.1))
         with self._lock:
             if self._released.is_set():
-                return
+                return True
+            self._released_at = clock()
             self._released.set()
             report_lease(self.record.stream, "none")
             try:
@@ -277,13 +378,16 @@ class Lease:
                 # refusing the stream as held by this very process.
                 if _HELD.get(self.directory) is self:
                     del _HELD[self.directory]
+                    _RELEASED[self.directory] = self  # check_held raises from here on, until taken again
+        return True
 
     def heartbeat(self, on_lost: Callable[[], None] | None = None) -> threading.Thread:
         """Renew in a daemon thread (started once) until the lease is released or lost.
 
         Start it right after ``acquire``: the time a stream takes to start counts against the
         lease like any other. Once ``guard`` attached a query, the thread releases the lease when
-        the query ends and stops the query when the lease is lost.
+        the query's batch thread has ended (not when Spark first reports it inactive) and stops the
+        query when the lease is lost.
         """
         with self._lock:
             if self._beating is not None:
@@ -291,13 +395,14 @@ class Lease:
 
             def beat() -> None:
                 interval = self.record.ttl_s / 6
-                next_renewal = time.monotonic() + interval
+                next_renewal = clock() + interval
                 while self.active:
                     query = self._query
-                    if query is not None and not query.isActive:
+                    # Not at the first sight of an inactive query: a stopped query's batch still runs.
+                    if query is not None and batch_thread_ended(query):
                         self.release()
                         return
-                    if time.monotonic() >= next_renewal or self.age_s() >= self.writable_s:
+                    if clock() >= next_renewal or self.age_s() >= self.writable_s:
                         try:
                             renewed = self.renew()
                         except Exception:  # storage hiccup: try again soon; the margin covers several misses
@@ -311,7 +416,7 @@ class Lease:
                             if on_lost is not None:
                                 on_lost()
                             return
-                        next_renewal = time.monotonic() + interval
+                        next_renewal = clock() + interval
                     self._released.wait(min(WATCH_INTERVAL_S, interval))
 
             self._beating = threading.Thread(target=beat, name=f"lease-{self.record.stream}", daemon=True)
@@ -319,7 +424,7 @@ class Lease:
             return self._beating
 
     def guard(self, query) -> None:
-        """Hold the lease for as long as ``query`` runs; stop the query if the lease is lost."""
+        """Hold the lease for as long as ``query``'s batch thread runs; stop the query if the lease is lost."""
         self._query = query
         self.heartbeat()
 
@@ -344,26 +449,29 @@ def acquire(
     mine = _HELD.get(directory)
     if mine is not None:
         if mine._query is None or not mine._query.isActive:
-            # This process ran the stream and it ended (or never started): the
-            # watcher has not released yet, so do it now rather than refuse ourselves.
+            # This process ran the stream and it ended (or never started): the watcher has not
+            # released yet, so do it now rather than refuse ourselves, once its batch has ended.
             mine.release()
         else:
             raise LeaseHeld(Refusal.LEASE_OWN.message(stream, then=way_out, path=mine.path))
-    began = time.monotonic()
+    began = clock()
     generation, found = _current(spark, directory)
     status = _status(found)
     if status is LeaseStatus.HELD:
         raise LeaseHeld(_held_message(stream, _generation_path(directory, generation), found, way_out))
     if found is not None:
         log.warning("%s: taking over a lease that is %s (%s)", stream, status.value, found.describe())
+    host, boot_id, pid_namespace = system_identity()
     record = LeaseRecord(
         owner=str(uuid.uuid4()),
         stream=stream,
-        host=socket.gethostname(),
+        host=host,
         pid=os.getpid(),
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         renewed_ms=_now_ms(),
         ttl_s=float(ttl_s),
+        boot_id=boot_id,
+        pid_namespace=pid_namespace,
     )
     taken = (generation or 0) + 1
     path = _generation_path(directory, taken)
@@ -378,6 +486,7 @@ def acquire(
         if older < taken:
             files.delete(spark, _generation_path(directory, older))
     report_lease(stream, record.describe())
+    _RELEASED.pop(directory, None)
     _HELD[directory] = lease
     _release_at_exit()
     return lease
@@ -425,10 +534,39 @@ def _held_message(stream: str, path: str, found: LeaseRecord | None, way_out: st
     )
 
 
+def batch_thread_ended(query) -> bool:
+    """Whether ``query`` has ended and its micro-batch thread with it: only then has its last batch
+    stopped writing. Spark reports a stopped query inactive at once, while its batch still runs.
+
+    Example::
+
+        query.stop()  # from another thread, during a long batch
+        query.isActive, batch_thread_ended(query)  # (False, False) until the batch returns
+    """
+    try:
+        if query.isActive:
+            return False
+        return not query._jsq.streamingQuery().queryExecutionThread().isAlive()
+    except Exception:  # the JVM is gone (at interpreter exit): no batch of it runs
+        return True
+
+
+def _same_system(record: LeaseRecord) -> bool:
+    """Whether ``record``'s pid names a process of this system: same host, boot and PID namespace. A record
+    that names no boot id or namespace (written before they were recorded) is judged by its host alone."""
+    host, boot_id, pid_namespace = system_identity()
+    if record.host != host:
+        return False
+    return all(
+        theirs is None or theirs == mine
+        for theirs, mine in ((record.boot_id, boot_id), (record.pid_namespace, pid_namespace))
+    )
+
+
 def _status(record: LeaseRecord | None) -> LeaseStatus:
     if record is None:
         return LeaseStatus.FREE
-    if record.host == socket.gethostname() and not _pid_alive(record.pid):
+    if _same_system(record) and not _pid_alive(record.pid):
         return LeaseStatus.HOLDER_DEAD
     if _now_ms() - record.renewed_ms > record.ttl_s * 1000:
         return LeaseStatus.EXPIRED
@@ -457,11 +595,16 @@ def _now_ms() -> int:
 # Leases this process holds, so a stream restarted in the same process is not
 # refused by its own previous run.
 _HELD: dict[str, Lease] = {}
+# The last lease of each directory this process released and has not taken again: check_held raises.
+_RELEASED: dict[str, Lease] = {}
+# At interpreter exit, how long a lease waits for its query's batch thread before it is left to expire.
+EXIT_WAIT_S = 10.0
 
 
 def _release_all() -> None:
     for lease in list(_HELD.values()):
-        lease.release()
+        if not lease.release(wait_s=EXIT_WAIT_S):
+            log.warning("lease %s: its batch still runs at exit; it expires in %.0f s", lease.path, lease.record.ttl_s)
 
 
 _exit_hook = threading.Lock()
