@@ -13,6 +13,10 @@ module chains them and says which rows gold adds.
 
 What keeps a replayed batch exact, table by table:
 
+* the batch's records: a replay of a batch bronze holds reads them back from bronze's commit of it
+  (``rows_of_commit``), never from Kafka again, which may have removed part of the batch's offsets
+  since (retention, a compacted topic's cleaner); a batch bronze does not hold yet reads Kafka, and
+  the retention check at the start covers its range;
 * bronze: the tagged append of bronze's own stream;
 * silver: the batch's valid records that silver does not hold yet (a Kafka batch holds each record
   once), appended under the tag; quarantine: silver's own insert of new Kafka records;
@@ -33,9 +37,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from urllib.parse import unquote
 
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
@@ -50,6 +56,7 @@ from .delta.tables import (
     QUARANTINE,
     SILVER,
     Lakehouse,
+    commit_actions,
     latest_snapshot,
     may_hold,
     tagged_version,
@@ -99,6 +106,41 @@ class Beside:
         self.wait()
         if self._error is not None:
             raise self._error
+
+
+def rows_of_commit(spark: SparkSession, path: str, app_id: str | None, batch_id: int) -> DataFrame | None:
+    """The rows the commit tagged (``app_id``, ``batch_id``) added to the table at ``path``, read back from
+    that commit's files at its version; None when the table holds no commit of that batch.
+
+    A replayed fused batch reads its records here, not from Kafka again: Kafka may have removed part
+    of the batch's offsets since bronze's commit (retention, a compacted topic's cleaner), and rows
+    read again from a smaller range would give silver, quarantine and gold less than bronze holds.
+
+    Example::
+
+        rows_of_commit(spark, lakehouse.table(BRONZE), stream_id, 7)  # bronze's rows of batch 7, or None
+    """
+    if not path:
+        raise ValueError("path must name a Delta table")
+    if batch_id < 0:
+        raise ValueError(f"batch_id must be at least 0, got {batch_id}")
+    if app_id is None:
+        return None
+    snapshot = latest_snapshot(spark, path)
+    committed = last_tagged_batch(snapshot, app_id)
+    if committed is None or committed < batch_id:
+        return None
+    version = tagged_version(spark, path, app_id, batch_id, snapshot.version())
+    actions = None if version is None else commit_actions(spark, path, version)
+    if actions is None:
+        raise RuntimeError(
+            f"{path}: the commit of batch {batch_id} of stream {app_id} is recorded but its log file is gone"
+        )
+    # A data file's name is unique in its table (Delta names each with a UUID); the log records its path
+    # relative to the table, URL-encoded.
+    names = sorted({unquote(action["add"]["path"]).rsplit("/", 1)[-1] for action in actions if "add" in action})
+    table = spark.read.format("delta").option("versionAsOf", version).load(path)
+    return table.where(F.col("_metadata.file_name").isin(names)).select(*table.columns)
 
 
 def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | None, batch_id: int) -> DataFrame:
@@ -163,13 +205,18 @@ def stream_writer(
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         session = rows.sparkSession  # the stream's own session, cloned at its start
         ingest.evaluate_for_batch(rows, batch_id)
+        from_kafka = ingest.identified(rows, batch_id)
+        # A replay of a batch bronze holds reads bronze's rows of it, never Kafka again.
+        committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id)
         # Cached: the first job to read a partition (bronze's append, or the key ranges' job
         # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
-        identified = ingest.identified(rows, batch_id).persist()
+        identified = (from_kafka if committed is None else committed).persist()
         parsed = parse_events(identified, contract).persist()
         cached, beside = [identified, parsed], []
 
         def write_bronze() -> None:
+            if committed is not None:
+                return  # bronze holds the batch already: its rows are the ones read back
             check_held(lakehouse, STREAM)
             append_idempotent(identified, paths[BRONZE], app_id, batch_id)
             reach(STREAM, AFTER_BRONZE, batch_id)
