@@ -54,7 +54,7 @@ class Kind(Enum):
     kind in this order (then in declaration order), see ``Contract.checks``.
     """
 
-    STRING = "string"  # JSON string, not empty -> STRING
+    STRING = "string"  # JSON string, not empty, without U+0000 -> STRING
     TIMESTAMP = "timestamp"  # JSON string, ISO-8601 with an explicit offset -> TIMESTAMP
     DECIMAL = "decimal"  # JSON number that fits DECIMAL(precision, scale) without rounding
     INTEGER = "integer"  # JSON number without a fraction (3 or 3.0, not 1e3), within 32 bits -> INT
@@ -79,8 +79,11 @@ class Rule(Enum):
     NOT_AN_INTEGER = "field {name} must be an integer, got "
     DOES_NOT_FIT = "field {name} does not fit {type} exactly"
     NOT_A_BOOLEAN = "field {name} must be a boolean, got "
-    # Last, so that adding it moved no other reason's precedence.
+    # Last, so that adding them moved no other reason's precedence.
     OUT_OF_RANGE = "field {name} is outside the supported range [{earliest}, {end})"
+    # PostgreSQL's text cannot hold U+0000, nor can many a reader downstream: a dimension holding it
+    # would stop the PostgreSQL egress on every replay.
+    CONTAINS_NUL = "field {name} contains the character U+0000"
 
     @property
     def appends_json_type(self) -> bool:
@@ -133,7 +136,7 @@ RECORD_REASONS = (TOMBSTONE, NOT_UTF8, NOT_JSON, NOT_AN_OBJECT)
 
 # Rules every present value of a kind is checked against (MISSING applies to required fields).
 KIND_RULES: dict[Kind, tuple[Rule, ...]] = {
-    Kind.STRING: (Rule.NOT_A_STRING, Rule.EMPTY),
+    Kind.STRING: (Rule.NOT_A_STRING, Rule.EMPTY, Rule.CONTAINS_NUL),
     Kind.TIMESTAMP: (Rule.NOT_A_STRING, Rule.NOT_A_TIMESTAMP, Rule.OUT_OF_RANGE),
     Kind.DECIMAL: (Rule.NOT_A_NUMBER, Rule.DOES_NOT_FIT),
     Kind.INTEGER: (Rule.NOT_AN_INTEGER, Rule.DOES_NOT_FIT),

@@ -127,6 +127,8 @@ def _failed(rule: Rule, field: Field) -> Column:
             failed = value.isNull()
         case Rule.NOT_A_BOOLEAN:
             failed = json_type != "BOOLEAN"
+        case Rule.CONTAINS_NUL:
+            failed = F.instr(value, "\u0000") > 0
         case Rule.OUT_OF_RANGE:
             # Compared as microseconds: a TIMESTAMP literal before 1582 would be rebased (``instants``).
             earliest, end = (to_micros(instant) for instant in EVENT_TIME_RANGE)
