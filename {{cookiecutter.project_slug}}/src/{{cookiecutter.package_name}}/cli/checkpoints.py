@@ -215,12 +215,17 @@ def reset_checkpoints(
     spark = make_spark()
     way_out = f"Then run `checkpoints reset {stream}{' --only' if only else ''}` again."
     try:
-        if stream in LAYERS:
-            # A layered stream reset in a lakehouse the fused stream carries on would start beside it.
+        # A layered stream reset in a lakehouse the fused stream carries on would start beside it: refused
+        # at once, and checked again holding the fused stream's lease, so that none starts in between.
+        layered = stream in LAYERS
+        if layered:
             pipeline_streams.check_mode(spark, lakehouse, stream)
         # Held for the whole reset: no stream starts halfway through it.
         ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
-        with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
+        held = [each.name for each in streams] + ([FUSED.name] if layered else [])
+        with holding(spark, lakehouse, held, way_out=way_out, ttl_s=ttl_s):
+            if layered:
+                pipeline_streams.check_mode(spark, lakehouse, stream)
             with LiveLine(spark, f"resetting {names}" + (": rebuilding tables" if rebuilt else "")):
                 done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
@@ -265,6 +270,7 @@ def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object], on
     try:
         pipeline_streams.check_mode(spark, lakehouse, FUSED.name)
         with holding(spark, lakehouse, [*LAYERS, FUSED.name], f"Then run `checkpoints reset {target}` again.", ttl_s):
+            pipeline_streams.check_mode(spark, lakehouse, FUSED.name)  # again: no layered stream starts from here on
             with LiveLine(spark, "resetting fused" + ("" if only else ": rebuilding tables")):
                 if only:
                     print(f"reset fused: {pipeline_streams.restart_fused(spark, config)}")
