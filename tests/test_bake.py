@@ -332,7 +332,7 @@ class Scrapes:
 
 
 @pytest.mark.slow
-def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
+def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen):
     """The slow tier: a default bake but for ``storage=s3`` installs itself and runs `make test-all`,
     its storage tests (crash points, kills, lost and restored checkpoints) on the local S3 server and
     the rest on a local disk, then `make demo` on the S3 server."""
@@ -358,6 +358,14 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path):
     }
 
     code, tests = run_logged(["make", "test-all"], project, env, tmp_path / "test-all.log", timeout_s=4200)
+    # Every module the installed project can import but its own: a package named after one is refused.
+    listing = "import importlib.metadata as m; print(*m.packages_distributions())"
+    importable = subprocess.run(
+        [str(project / ".venv" / "bin" / "python"), "-c", listing], capture_output=True, text=True, check=True
+    ).stdout.split()
+    candidates = [name for name in importable if name != "clickstream_lakehouse"]
+    not_refused = [name for name in candidates if pre_gen.PACKAGE_PATTERN.fullmatch(name) and not pre_gen.check_package(name)]
+    assert not not_refused, f"hooks/pre_gen_project.py: DEPENDENCY_MODULES lacks {not_refused}"
     # pytest's closing line; make may print more after it.
     summary = re.findall(r"^=+ (.+) in [\d.]+s", tests, re.MULTILINE)
     assert code == 0, f"make test-all {'timed out' if code is None else f'exited {code}'}:\n{tests[-30000:]}"
