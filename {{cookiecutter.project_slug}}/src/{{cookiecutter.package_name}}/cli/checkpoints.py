@@ -35,7 +35,9 @@ from .live import LiveLine
 
 
 def register(commands) -> None:
-    group = commands.add_parser("checkpoints", help="list or reset stream checkpoints")
+    group = commands.add_parser(
+        "checkpoints", help="list, reset or switch the streams' checkpoints; accept lost records; drop bronze's copies"
+    )
     actions = group.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="each stream's checkpoint progress against its sink tables")
     listing.add_argument("--json", action="store_true")
