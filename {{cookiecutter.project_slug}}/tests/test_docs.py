@@ -1,11 +1,16 @@
 """The docs held to the code: what the runbook says a command takes is what its parser takes."""
 
 import argparse
+import json
 import re
+from enum import Enum
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from {{ cookiecutter.package_name }}.cli import build_parser
-from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
+from {{ cookiecutter.package_name }}.pipeline.config import Settings
+from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
 from {{ cookiecutter.package_name }}.pipeline.recovery import crash_points
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -79,3 +84,55 @@ def test_the_runbook_lists_every_crash_point():
     assert set(crash_points.INNER_POINTS) <= {*expected, *crash_points.EGRESS_POINTS}
     for point in expected:
         assert f"`{point}`" in listed, f"runbook.md: the crash point {point} is not listed"
+
+
+def config_tables() -> dict[str, type]:
+    """{table name: its settings model} for every table a config file can hold in this bake."""
+    tables = {name: field.annotation for name, field in Settings.model_fields.items()}
+    return tables | {module.SECTION: module.Settings for module in installed().values()}
+
+
+def toml_value(value) -> str:
+    """A default as the docs write it: TOML."""
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return str(value)
+
+
+def key_entries(text: str, table: str) -> dict[str, str]:
+    """{key: its entry} of the ``[table]`` section of configuration.md."""
+    start = re.search(rf"\n#+ `\[{table}\]`\n", text)
+    assert start, f"configuration.md: no section for the table [{table}]"
+    end = re.search(r"\n#+ ", text[start.end() :])
+    body = text[start.end() : start.end() + end.start() if end else len(text)]
+    entries = {}
+    for entry in re.split(r"\n- (?=\*\*`)", "\n" + body)[1:]:
+        for key in re.match(r"((?:\*\*`\w+`\*\*,? ?)+)", entry).group(1).replace("*", "").replace("`", "").split(","):
+            entries[key.strip()] = entry
+    return entries
+
+
+def test_configuration_md_documents_every_key_with_its_default_and_variable_and_no_other():
+    text = (DOCS / "configuration.md").read_text()
+    for table, model in config_tables().items():
+        entries = key_entries(text, table)
+        for key, field in model.model_fields.items():
+            if field.annotation == SecretStr | None:
+                continue  # a secret is never a key of the file: its variable, beside its *_file key
+            assert key in entries, f"configuration.md: [{table}] {key} is not documented"
+            entry = entries[key]
+            if field.is_required():
+                assert "(required" in entry, f"configuration.md: [{table}] {key} is required: say so"
+            elif field.get_default() is not None:
+                default = toml_value(field.get_default(call_default_factory=True))
+                assert f"(default `{default}`" in entry, f"configuration.md: [{table}] {key} defaults to {default}"
+            for variable in model.variables(key):
+                assert f"`{variable}`" in entry, f"configuration.md: [{table}] {key}: its variable {variable} not named"
+        for key in entries:
+            assert key in model.model_fields, f"configuration.md: [{table}] has no key {key}"
