@@ -276,7 +276,7 @@ def count_rows(checks: dict[str, DataFrame]) -> dict[str, int]:
 
     Example::
 
-        count_rows({"silver_duplicates": duplicates, "silver_rows_not_in_bronze": orphans})
+        count_rows({"gold_windows": gold, "gold_windows_not_matching_silver": differences})
     """
     if not checks:
         raise ValueError("checks must name at least one DataFrame to count")
