@@ -31,7 +31,16 @@ from {{ cookiecutter.package_name }}.bench.peer import (
     write_spec,
 )
 from {{ cookiecutter.package_name }}.bench.recovery import ChildLog, kill_point
-from {{ cookiecutter.package_name }}.bench.report import LATENCY_GOALS, Goal, Metric, Target, format_goals
+from {{ cookiecutter.package_name }}.bench.report import (
+    LATENCY_GOALS,
+    PEER_METRIC_KEYS,
+    TARGETS,
+    Goal,
+    Metric,
+    format_goals,
+    goal_outcomes,
+    previous_figures,
+)
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 
@@ -109,6 +118,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "gold_merge_scaling",
         "fused_vs_floor",
         "latency_fused_gold_p95_s",
+        "latency_fast_gold_p95_s",
         "latency_gold_trend",
         "latency_fast_gold_trend",
         "latency_fused_gold_trend",
@@ -188,30 +198,44 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
 
 
 def test_a_goal_is_met_only_when_every_figure_of_it_meets_its_target_and_is_left_out_when_unmeasured():
-    goal = Goal(("silver_vs_floor", "gold_vs_floor"), "one-record batch", (17.8, 11.8), Target("<=", 3))
+    goal = Goal(("silver_vs_floor", "gold_vs_floor"), "one-record batch")
     silver = Metric("silver_vs_floor", "silver", 2.5, "ratio")
 
     assert goal.outcome([silver]) is None
     assert goal.outcome([silver, Metric("gold_vs_floor", "gold", 3.5, "ratio")])["met"] is False
-    met = goal.outcome([silver, Metric("gold_vs_floor", "gold", 2.9, "ratio")])
+    met = goal.outcome([silver, Metric("gold_vs_floor", "gold", 2.9, "ratio")], {"silver_vs_floor": 17.8})
     assert met == {
         "name": "one-record batch",
         "keys": ["silver_vs_floor", "gold_vs_floor"],
-        "before": [17.8, 11.8],
+        "previous": [17.8, None],
         "now": [2.5, 2.9],
         "target": "<= 3",
         "met": True,
     }
-    assert "one-record batch" in format_goals([met]) and "17.80, 11.80" in format_goals([met])
-    # A figure with nothing before it (a new mode's) is shown as such.
-    fused = Goal(("fused_vs_floor",), "fused", (None,), Target("<=", 3)).outcome(
-        [Metric("fused_vs_floor", "f", 2.0, "x")]
-    )
-    assert fused["before"] == [None] and "  -  " in format_goals([fused]).replace("-" * 96, "")
-    with pytest.raises(ValueError, match="one figure before per key"):
-        Goal(("silver_vs_floor",), "x", (1.0, 2.0), Target("<=", 3))
+    # A figure the previous run lacks (or no previous run) is shown as such.
+    assert "one-record batch" in format_goals([met]) and "17.80, -" in format_goals([met])
     with pytest.raises(ValueError, match="unknown metric keys"):
-        Goal(("silver_latency",), "x", (1.0,), Target("<=", 3))
+        Goal(("silver_latency",), "x")
+    with pytest.raises(ValueError, match="have no target"):
+        Goal(("bronze_rps",), "x")
+
+
+def test_a_run_is_compared_with_the_run_its_directory_held_before_and_with_no_shipped_figures(tmp_path):
+    assert previous_figures(tmp_path) == {}
+    (tmp_path / "bench.json").write_text(json.dumps({"metrics": [{"key": "exactly_once_cost", "value": 1.2}]}))
+
+    now = [Metric("exactly_once_cost", "exactly-once / at-least-once", 1.05, "ratio")]
+    [outcome] = goal_outcomes(now, previous_figures(tmp_path))
+    assert outcome["previous"] == [1.2] and outcome["now"] == [1.05] and outcome["met"] is True
+    assert goal_outcomes(now) == [{**outcome, "previous": [None]}]
+
+
+def test_every_target_is_a_metrics_and_every_goal_names_its_figures_targets():
+    assert set(TARGETS) <= {*METRIC_KEYS, *PEER_METRIC_KEYS}
+    for goal in LATENCY_GOALS:
+        assert all(key in TARGETS for key in goal.keys)
+    assert Metric("exactly_once_cost", "x", 1.0, "ratio").target is TARGETS["exactly_once_cost"]
+    assert Metric("bronze_rps", "x", 1.0, "records/s").target is None
 
 
 def test_a_pipeline_that_keeps_up_has_a_flat_latency_trend_and_one_falling_behind_a_rising_one():

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..pipeline.config import LOCAL_BOOTSTRAP, SASL_KEYS, TLS_KEYS, Config, duration_seconds
 from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
 from ..pipeline.delta.writes import Delivery
-from .report import Metric, Target
+from .report import Metric
 from .sizes import Sizes
 
 # What ``s3.prepare`` sets in this process's environment for the JVM; put back as they were by ``Bench.stop``.
@@ -379,8 +379,9 @@ class Bench:
         self.topics.append(name)
         return name
 
-    def add(self, key: str, name: str, value: float, unit: str, target: Target | None = None) -> None:
-        self.metrics[key] = Metric(key, name, float(value), unit, target)
+    def add(self, key: str, name: str, value: float, unit: str) -> None:
+        """Record a figure of this run; its target, if any, is the metric's own (``report.TARGETS``)."""
+        self.metrics[key] = Metric(key, name, float(value), unit)
 
     def run_layers(self, config: Config, delivery: Delivery = Delivery.EXACTLY_ONCE) -> dict[str, dict]:
         """The pipeline's streams, availableNow, layer after layer: wall time and batch progress of each."""

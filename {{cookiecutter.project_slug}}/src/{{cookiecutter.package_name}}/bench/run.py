@@ -35,7 +35,7 @@ from . import (
 )
 from .harness import Bench, say
 from .load import produce_backlog
-from .report import METRIC_KEYS, goal_outcomes, load_average, machine_info, publish
+from .report import METRIC_KEYS, goal_outcomes, load_average, machine_info, previous_figures, publish
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, Sizes
 
 
@@ -123,7 +123,8 @@ def run_bench(
         "sizes": dataclasses.asdict(sizes),
         "bronze_batch": bench.kafka.max_offsets_per_trigger,
         "metrics": [metric.as_dict() for metric in metrics],
-        "goals": goal_outcomes(metrics),
+        # Beside the run this directory held before, if any: the user's own machine, not a shipped table.
+        "goals": goal_outcomes(metrics, previous_figures(output_dir)),
         "details": bench.details,
     }
     publish(results, metrics, output_dir)
