@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -200,17 +201,56 @@ def test_the_table_mirrors_gold_row_for_row_and_a_replayed_batch_changes_nothing
     assert markers(postgres, "gold_mirror") == {"new-stream": 0}
 
 
-def test_a_large_batch_is_staged_by_the_executors_and_the_staging_table_ends_empty(spark, config, postgres):
+def log_staging(config, postgres, table: str) -> Callable[[], dict[int, int]]:
+    """Make the egress's tables, and have PostgreSQL log each row an executor stages (a trigger on the
+    staging table): returns a function giving {batch id: rows staged}, however soon they were cleared."""
+    PostgresEgress(settings(config), "makes-the-tables")
+    with connect(postgres) as conn:
+        conn.execute(f"CREATE TABLE {table}_staged_log (batch_id bigint NOT NULL)")
+        conn.execute(
+            f"CREATE FUNCTION {table}_log_staged() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN INSERT INTO {table}_staged_log VALUES (NEW.batch_id); RETURN NULL; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {table}_log_staged AFTER INSERT OR UPDATE ON {table}_egress_staging "
+            f"FOR EACH ROW EXECUTE FUNCTION {table}_log_staged()"
+        )
+
+    def staged() -> dict[int, int]:
+        with connect(postgres) as conn:
+            return dict(conn.execute(f"SELECT batch_id, count(*) FROM {table}_staged_log GROUP BY 1").fetchall())
+
+    return staged
+
+
+def test_a_batch_above_the_threshold_is_staged_by_the_executors_one_at_it_is_not_and_staging_ends_empty(
+    spark, config, postgres
+):
     config = with_egress(config, postgres, "gold_staged", stage_above_rows=1)
+    staged = log_staging(config, postgres, "gold_staged")
     produce_events(config, 300, seed=3)
 
     run_available_now(spark, config)
 
-    assert_mirrors_gold(spark, config, postgres, "gold_staged")
+    rows = assert_mirrors_gold(spark, config, postgres, "gold_staged")
+    # Gold's snapshot, more rows than the threshold: every row staged once, then cleared.
+    assert staged() == {0: len(rows)} and len(rows) > 1
     assert staged_rows(postgres, "gold_staged") == 0
+
+    # A batch of exactly as many rows as the threshold is applied by the driver: nothing staged.
+    per_type = {name: sum(1 for key in rows if key[2] == name) for name in ("page_view", "refund")}
     DeltaTable.forPath(spark, gold_path(config)).delete("event_type = 'page_view'")
-    run_available_now(spark, config, (STREAM,))
-    assert "page_view" not in {key[2] for key in assert_mirrors_gold(spark, config, postgres, "gold_staged")}
+    at_threshold = with_egress(config, postgres, "gold_staged", stage_above_rows=per_type["page_view"])
+    run_available_now(spark, at_threshold, (STREAM,))
+    rows = assert_mirrors_gold(spark, config, postgres, "gold_staged")
+    assert "page_view" not in {key[2] for key in rows}
+    assert staged() == {0: len(rows) + per_type["page_view"]}
+    # One row more than the threshold: staged, each row once.
+    DeltaTable.forPath(spark, gold_path(config)).delete("event_type = 'refund'")
+    above = with_egress(config, postgres, "gold_staged", stage_above_rows=per_type["refund"] - 1)
+    run_available_now(spark, above, (STREAM,))
+    assert "refund" not in {key[2] for key in assert_mirrors_gold(spark, config, postgres, "gold_staged")}
+    assert staged() == {0: len(rows) + per_type["page_view"], 2: per_type["refund"]}
     assert staged_rows(postgres, "gold_staged") == 0
 
     # The table ahead of the checkpoint (a checkpoint restored from a copy, say) refuses to start.

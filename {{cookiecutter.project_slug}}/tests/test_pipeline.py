@@ -43,9 +43,9 @@ def checkpoint_dir(config, stream: str) -> Path:
     return Path(Lakehouse(config.lakehouse_root).checkpoint(stream))
 
 
-def expected_gold(records: list) -> dict[str, tuple[int, Decimal]]:
-    """Totals per event_type computed in plain Python from what was produced."""
-    totals: dict[str, tuple[int, Decimal]] = {}
+def well_formed_events(records: list) -> list[dict]:
+    """The produced events the contract accepts, judged in plain Python from what was produced."""
+    events = []
     for _, value in records:
         try:
             event = json.loads(value)
@@ -57,9 +57,22 @@ def expected_gold(records: list) -> dict[str, tuple[int, Decimal]]:
             Decimal(str(event["amount"])), 2
         ):
             continue
+        events.append(event)
+    return events
+
+
+def expected_gold(records: list) -> dict[str, tuple[int, Decimal]]:
+    """Totals per event_type computed in plain Python from what was produced."""
+    totals: dict[str, tuple[int, Decimal]] = {}
+    for event in well_formed_events(records):
         count, amount = totals.get(event["event_type"], (0, Decimal("0")))
         totals[event["event_type"]] = (count + 1, amount + Decimal(str(event["amount"])))
     return totals
+
+
+def coordinates(rows) -> list[tuple[str, int, int]]:
+    """Each row's Kafka coordinates, one entry per row: a record held twice shows twice."""
+    return [tuple(row) for row in rows.select("topic", "partition", "offset").collect()]
 
 
 def gold_totals(spark, config) -> dict[str, tuple[int, Decimal]]:
@@ -88,7 +101,8 @@ def test_available_now_stream_reads_committed_records_from_local_broker_into_del
     values = {bytes(row.value) for row in bronze.select("value").collect()}
     assert values == {value for _, value in committed}
     assert not values & {value for _, value in aborted}
-    assert bronze.select("topic", "partition", "offset").distinct().count() == 40
+    # Rows and distinct coordinates both: a record written twice shows in the rows alone.
+    assert bronze.count() == bronze.select("topic", "partition", "offset").distinct().count() == 40
     assert {bytes(row.key) for row in bronze.select("key").collect()} == {key for key, _ in committed}
     # ingest_time is the batch time Spark logged before the batch ran, so a replay writes the same value.
     offset_log = (checkpoint_dir(config, "bronze") / "offsets" / "0").read_text().splitlines()
@@ -161,23 +175,31 @@ def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_at
 
 
 @pytest.mark.storage
-def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(spark, config, lakehouse_files):
-    produce_sample(config, 150, seed=7)
+def test_lost_bronze_checkpoint_resumes_after_the_offsets_already_in_bronze(
+    spark, config, lakehouse_files, kafka_oracle
+):
+    records = produce_sample(config, 150, seed=7)
     run_available_now(spark, config)
     lakehouse_files.remove(Lakehouse(config.lakehouse_root).checkpoint("bronze"))
-    produce_sample(config, 60, seed=8)
+    records += produce_sample(config, 60, seed=8)
 
     run_available_now(spark, config)
 
-    assert table(spark, config, BRONZE).count() == 210
+    # Judged against Kafka and what was produced: each committed record once in bronze, each event once in gold.
+    committed = kafka_oracle(config, list(config.kafka.topics))
+    assert len(committed) == 210
+    bronze = table(spark, config, BRONZE).select("topic", "partition", "offset", "value").collect()
+    expected = sorted((*at, value) for at, value in committed.items())
+    assert sorted((*row[:3], bytes(row.value)) for row in bronze) == expected
+    assert gold_totals(spark, config) == expected_gold(records)
     report = assert_audit_clean(spark, config)
     assert report["errors"]["bronze_duplicates"] == 0
 
 
 @pytest.mark.slow
 @pytest.mark.storage
-def test_lost_silver_checkpoint_keeps_each_record_once_through_key_dedup(spark, config, lakehouse_files):
-    produce_sample(config, 150, seed=9, malformed_ratio=0.1)
+def test_lost_silver_checkpoint_keeps_each_record_once_through_key_dedup(spark, config, lakehouse_files, kafka_oracle):
+    records = produce_sample(config, 150, seed=9, malformed_ratio=0.1)
     run_available_now(spark, config)
     counts = {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)}
     lakehouse_files.remove(Lakehouse(config.lakehouse_root).checkpoint("silver"))
@@ -185,6 +207,15 @@ def test_lost_silver_checkpoint_keeps_each_record_once_through_key_dedup(spark, 
     run_available_now(spark, config)
 
     assert {name: table(spark, config, name).count() for name in (SILVER, QUARANTINE)} == counts
+    # Judged against Kafka and what was produced: each committed record once in silver or quarantine,
+    # the malformed ones in quarantine, and gold as computed from the produced values.
+    committed = kafka_oracle(config, list(config.kafka.topics))
+    assert len(committed) == 150
+    held = coordinates(table(spark, config, SILVER)) + coordinates(table(spark, config, QUARANTINE))
+    assert sorted(held) == sorted(committed)
+    silver_ids = [row.event_id for row in table(spark, config, SILVER).select("event_id").collect()]
+    assert sorted(silver_ids) == sorted(event["event_id"] for event in well_formed_events(records))
+    assert gold_totals(spark, config) == expected_gold(records)
     assert_audit_clean(spark, config)
 
 

@@ -77,7 +77,7 @@ def test_a_wrong_credential_bucket_or_endpoint_exits_2_naming_the_setting(pipeli
     assert secret not in result.stdout + result.stderr
 
 
-def test_two_processes_taking_one_lease_on_s3_cannot_both_win(
+def test_a_contender_with_a_stale_look_cannot_take_a_lease_on_s3_from_its_winner(
     s3_spark, s3_server, monkeypatch, contend_with_a_stale_look
 ):
     lakehouse = Lakehouse(f"s3a://{BUCKET}/{uuid.uuid4().hex[:12]}")

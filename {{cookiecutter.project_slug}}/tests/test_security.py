@@ -131,18 +131,25 @@ def files_text(root: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_each_sasl_mechanism_connects(listeners, secure_topic, mechanism):
+def test_each_sasl_mechanism_connects(listeners, secure_topic, mechanism, kafka_oracle):
     config = load_config("local", environ={**sasl_env(listeners, mechanism), "KAFKA_TOPICS": secure_topic})
 
     check_connection(config, timeout=10)
-    assert produce(client_config(config), secure_topic, sample_records(3, seed=1)) == 3
+    sent = list(sample_records(3, seed=1))
+    assert produce(client_config(config), secure_topic, sent) == 3
+    # Read back from the broker over the same listener and mechanism: what it holds, not what was sent.
+    assert sorted(kafka_oracle(config, [secure_topic]).values()) == sorted(value for _, value in sent)
 
 
-def test_mutual_tls_connects_and_the_listener_demands_a_certificate(listeners, secure_topic, secure_broker):
+def test_mutual_tls_connects_and_the_listener_demands_a_certificate(
+    listeners, secure_topic, secure_broker, kafka_oracle
+):
     config = load_config("local", environ={**mtls_env(listeners), "KAFKA_TOPICS": secure_topic})
 
     check_connection(config, timeout=10)
-    assert produce(client_config(config), secure_topic, sample_records(3, seed=2)) == 3
+    sent = list(sample_records(3, seed=2))
+    assert produce(client_config(config), secure_topic, sent) == 3
+    assert sorted(kafka_oracle(config, [secure_topic]).values()) == sorted(value for _, value in sent)
     properties = secure_broker.config_path.read_text()
     assert "listener.name.mtls.ssl.client.auth=required" in properties
     # Owner-only: it holds the keystore password and the PLAIN user's password.
