@@ -29,7 +29,7 @@ from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgre
 from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed as installed_egresses
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     SECTION,
@@ -660,12 +660,17 @@ def test_calendar_edge_event_times_run_through_every_egress_once_each_in_one_dri
         "EGRESS_POSTGRES_TABLE": "gold_edges",
     }.items():
         monkeypatch.setenv(name, value)
+    # A dimension holding U+0000, which PostgreSQL's text cannot: quarantined, not the egress stopped.
+    nul = {"event_id": "nul-0", "event_time": "2024-05-01T09:00:00Z", "user_id": "u", "amount": 1.25}
+    nul_record = (b"user-edge", json.dumps({**nul, "event_type": "page\u0000view"}).encode())
     for _ in range(2):
         # The same event ids twice (an application's retry): one gold row per window, counted twice.
-        produce(client_config(config), config.kafka.topics[0], calendar_edge_records("edge"))
+        produce(client_config(config), config.kafka.topics[0], [*calendar_edge_records("edge"), nul_record])
         assert main(["run", "--layer", "all", "--available-now"]) == 0, capsys.readouterr().err[-3000:]
 
     in_range = sum(CALENDAR_EDGES.values())
+    quarantine = spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(QUARANTINE))
+    assert quarantine.where("reason = 'field event_type contains the character U+0000'").count() == 2
     assert_mirrors_gold(spark, config, postgres, "gold_edges")
     assert len(table_mirror(postgres, "gold_edges")) == in_range
     # The output topic folded by key, by a plain read_committed consumer: the last value of each key.
