@@ -4,27 +4,40 @@ Each is judged by the chaos runner's oracle (tests/test_chaos_oracle.py proves i
 the cluster run on the suite's storage (``--storage``): a local disk or the S3 server.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from pyspark.errors import AnalysisException
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
 from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
-from {{ cookiecutter.package_name }}.devtools.chaos import Ledger, pending_batches, produce_numbered, run_chaos, verify
+from {{ cookiecutter.package_name }}.devtools.chaos import (
+    Ledger,
+    egress_env,
+    judge,
+    pending_batches,
+    produce_numbered,
+    run_chaos,
+    verify,
+)
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
+from {{ cookiecutter.package_name }}.pipeline.codegen import COMPILED, FACTORY_MODE, INTERPRETED
 from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
@@ -95,37 +108,143 @@ def oracle(spark, config, ledger: Ledger) -> dict:
     )
 
 
+def compiled_env(env: dict, event_logs: Path) -> dict:
+    """``env`` for a pipeline process that compiles every query, as production does its large batches.
+
+    The suite's JVMs start interpreted (conftest.py), and a stream interprets its small batches anyway
+    (pipeline/codegen.py): started compiled-only, a driver compiles a batch of a few records too, and
+    fails rather than interpret. Spark's event log (in ``event_logs``) records the plans it ran.
+    """
+    event_logs.mkdir(parents=True, exist_ok=True)
+    options = [option for option in env.get("JAVA_TOOL_OPTIONS", "").split() if FACTORY_MODE not in option]
+    options += [f"-D{FACTORY_MODE}={COMPILED}", "-Dspark.eventLog.enabled=true"]
+    options += [f"-Dspark.eventLog.dir={event_logs.as_uri()}", "-Dspark.eventLog.compress=false"]
+    return {**env, "JAVA_TOOL_OPTIONS": " ".join(options)}
+
+
+def queries_by_evaluation(event_logs: Path) -> dict[str, Counter]:
+    """Per stream (its batches' queries) or "other", the queries the event logs under ``event_logs`` ran,
+    counted by "compiled" (a whole-stage code generation stage in a plan Spark ran) and by the
+    ``spark.sql.codegen.factoryMode`` the query's session set (Spark records the settings a session
+    changes): read from Spark's own records, not from what the pipeline says it did."""
+    started, compiled = {}, set()
+    for log in event_logs.rglob("*"):
+        if not log.is_file() or log.name.startswith((".", "appstatus")):
+            continue
+        app = log.parent if log.parent.name.startswith("eventlog_v2_") else log  # a rolled log's files, or one
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a log its process was killed while writing
+                continue
+            kind = event.get("Event", "")
+            if kind.endswith(("SQLExecutionStart", "SQLAdaptiveExecutionUpdate")):
+                key = (app, event["executionId"])
+                if kind.endswith("Start"):
+                    started[key] = event
+                plans = [event["sparkPlanInfo"]]
+                while plans:
+                    plan = plans.pop()
+                    compiled.update([key] if plan["nodeName"].startswith("WholeStageCodegen") else [])
+                    plans.extend(plan.get("children", []))
+    found: dict[str, Counter] = {}
+    for key, event in started.items():
+        description = (event.get("description") or "").strip().splitlines()
+        in_batch = len(description) == 4 and description[-1].startswith("batch = ")
+        # Delta names the jobs it runs for a query after the query: "Delta: <stream>".
+        counts = found.setdefault(description[0].removeprefix("Delta: ") if in_batch else "other", Counter())
+        counts["compiled" if key in compiled else "not compiled"] += 1
+        counts[(event.get("modifiedConfigs") or {}).get(FACTORY_MODE, "as started")] += 1
+    return found
+
+
+def assert_compiled(event_logs: Path, streams: list[str]) -> dict[str, Counter]:
+    """Each of ``streams`` compiled queries inside its batches, and none of its batches interpreted."""
+    found = queries_by_evaluation(event_logs)
+    for stream in streams:
+        assert found.get(stream, Counter())["compiled"] > 0, (stream, found)
+        assert found[stream][INTERPRETED] == 0, (stream, found)
+    return found
+
+
+def sinks_oracle(spark, config, ledger: Ledger, env: dict) -> dict:
+    """The tables and each egress's sink (read back by plain Kafka and PostgreSQL clients) against ``ledger``."""
+    anomalies, _ = judge(spark, config, ledger, env)
+    return anomalies
+
+
 @pytest.mark.faults
 @pytest.mark.storage
-def test_a_crash_at_each_batch_boundary_of_each_stream_loses_and_doubles_nothing(spark, config):
+def test_compiled_streams_crashed_at_each_batch_boundary_then_gold_reset_leave_tables_and_egresses_exact(
+    spark, config, tmp_path
+):
+    """The chain of crashes, each run killed at the next point and replaying the batch the run before
+    was killed in, through every stream: the layers and each egress the bake has, on with a sink of
+    this test's own (a private PostgreSQL server). Every process compiles its queries, as production
+    does its large batches; the suite's other tests interpret. Then gold is reset with the egresses
+    on, and every sink must mirror the rebuilt gold exactly."""
     # Malformed records too (every 17th): silver's batch then commits to silver and to quarantine.
     ledger = committed_ledger(config, 120, seed=31)
     lakehouse = Lakehouse(config.lakehouse_root)
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers}
+    packaged = configure(load_config("local", environ=environ), environ)
+    egresses = [name for name in installed_names() if name in packaged.egress]
+    event_logs = tmp_path / "event-logs"
+    with ExitStack() as servers:
+        run_config = private_servers(config.model_copy(update={"egress": packaged.egress}), tmp_path, servers)
+        admin = AdminClient(client_config(run_config))
+        sinks = egress_env(run_config, f"chain-{uuid.uuid4().hex[:6]}", admin)
+        env = compiled_env({**pipeline_env(config), **sinks}, event_logs)
+        sections = [f"egress_{name.removesuffix('_egress')}" for name in egresses]
+        assert env["PIPELINE_EGRESS"] == (",".join(sections) or "none")
 
-    # One chain of runs, each killed at the next point and each replaying the batch the run before
-    # it was killed in: every point of every stream is reached on batch 0, and a crash while
-    # recovering from a crash is covered too. Silver's point between its two commits comes before
-    # after_sink_commit, so that the replay which follows it is the one that writes quarantine.
-    chain = [
-        *(("bronze", point) for point in POINTS),
-        *(("silver", point) for point in (*POINTS[:-1], BETWEEN_SINK_COMMITS, POINTS[-1])),
-        *(("gold", point) for point in POINTS),
-    ]
-    for stream, point in chain:
-        crash_at = f"{stream}:{point}:0"
-        crash_env = pipeline_env(config, **{CRASH_POINT_VAR: crash_at})
-        crashed = pipeline("run", "--layer", "all", "--available-now", env=crash_env)
+        # Every point of every stream is reached on batch 0, and a crash while recovering from a crash
+        # is covered too. Silver's point between its two commits comes before after_sink_commit, so
+        # that the replay which follows it is the one that writes quarantine. An egress's replay after
+        # its sink committed must find its marker and publish nothing again.
+        chain = [
+            *(("bronze", point) for point in POINTS),
+            *(("silver", point) for point in (*POINTS[:-1], BETWEEN_SINK_COMMITS, POINTS[-1])),
+            *(("gold", point) for point in POINTS),
+            *((egress, AFTER_SINK_COMMIT) for egress in egresses),
+        ]
+        for stream, point in chain:
+            crash_at = f"{stream}:{point}:0"
+            crashed = pipeline("run", "--layer", "all", "--available-now", env={**env, CRASH_POINT_VAR: crash_at})
 
-        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-        assert f"crash point {crash_at}" in crashed.stderr
-        assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1, crash_at
-        if point == BETWEEN_SINK_COMMITS:
-            # The window is real: silver holds the batch, quarantine nothing of it yet.
-            assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() > 0
-            assert spark.read.format("delta").load(lakehouse.table(QUARANTINE)).count() == 0
-    recovered = pipeline("run", "--layer", "all", "--available-now", env=pipeline_env(config))
-    assert recovered.returncode == 0, recovered.stderr[-3000:]
-    assert not any(oracle(spark, config, ledger).values()), oracle(spark, config, ledger)
+            assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+            assert f"crash point {crash_at}" in crashed.stderr
+            assert pending_batches(spark, f"{config.lakehouse_root}/checkpoints") == 1, crash_at
+            if point == BETWEEN_SINK_COMMITS:
+                # The window is real: silver holds the batch, quarantine nothing of it yet.
+                assert spark.read.format("delta").load(lakehouse.table(SILVER)).count() > 0
+                assert spark.read.format("delta").load(lakehouse.table(QUARANTINE)).count() == 0
+        recovered = pipeline("run", "--layer", "all", "--available-now", env=env)
+        assert recovered.returncode == 0, recovered.stderr[-3000:]
+        assert not any(sinks_oracle(spark, run_config, ledger, env).values()), sinks_oracle(
+            spark, run_config, ledger, env
+        )
+
+        # Gold rebuilt from silver and swapped in, with new records on the way: each egress follows
+        # the swap through gold's change feed, and its sink must end exact again.
+        produce_numbered(client_config(config), config.kafka.topics[0], "r32", 30, 32, ledger, duration_s=0)
+
+        reset = pipeline("checkpoints", "reset", "gold", "--yes", env=env)
+        assert reset.returncode == 0, reset.stderr[-3000:]
+        rerun = pipeline("run", "--layer", "all", "--available-now", env=env)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        anomalies = sinks_oracle(spark, run_config, ledger, env)
+        assert {f"{name}_windows_wrong" for name in egresses} <= set(anomalies), anomalies
+        assert not any(anomalies.values()), anomalies
+        # The audit's recomputation of silver and gold, compiled too, agrees.
+        audit_logs = tmp_path / "audit-event-logs"
+        audited = pipeline("audit", env=compiled_env(env, audit_logs))
+        assert audited.returncode == 0, (audited.stdout + audited.stderr)[-3000:]
+
+    # The proof that all of it ran compiled, from Spark's own event logs: every stream's batches
+    # compiled queries (whole-stage code generation stages in the plans Spark ran), none interpreted.
+    print(assert_compiled(event_logs, ["bronze", "silver", "gold", *egresses]))
+    assert queries_by_evaluation(audit_logs)["other"]["compiled"] > 0
 
 
 @pytest.mark.faults

@@ -15,7 +15,11 @@ of the Delta files its micro-batch reads.
 
 Spark's own setting, ``spark.sql.codegen.factoryMode``, internal: its suites run both modes to the
 same results, and it interprets anyway when compiling fails. Set on the stream's own session (the
-one Spark clones for the stream at its start), so the process's other queries keep theirs.
+one Spark clones for the stream at its start), so the process's other queries keep theirs. A process
+started in one of Spark's fixed modes keeps it for every batch: ``NO_CODEGEN`` interprets the large
+ones too (the test suite's JVMs), ``CODEGEN_ONLY`` compiles the small ones too and fails rather than
+interpret (the crash chain of tests/test_faults.py, so that the compiled path meets the crash points
+with a few records).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 FACTORY_MODE = "spark.sql.codegen.factoryMode"
 INTERPRETED = "NO_CODEGEN"
+COMPILED = "CODEGEN_ONLY"
 # Where compiling starts to pay: where the time interpreting adds per record (measured over large
 # batches) reaches the time compiling adds per batch (measured over one-record batches). Each
 # stream's crossover, from the figures above and benchmarks.md:
@@ -46,7 +51,8 @@ def evaluate_for(session: SparkSession, small: bool) -> None:
     """Interpret the expressions of the session's next queries if ``small``; else compile them, as by default.
 
     "As by default" is the mode the process started with (its Spark configuration), so
-    a process started interpreted stays interpreted.
+    a process started interpreted stays interpreted, and one started compiled-only
+    (``CODEGEN_ONLY``) compiles even a small batch.
 
     Example::
 
@@ -59,7 +65,8 @@ def evaluate_for(session: SparkSession, small: bool) -> None:
     # The context's own configuration: getConf() copies every entry, one JVM call each, 13 ms a
     # batch on this path; one lookup here is 0.1 ms.
     started_with = session.sparkContext._conf.get(FACTORY_MODE, "FALLBACK")
-    session.conf.set(FACTORY_MODE, INTERPRETED if small else started_with)
+    fixed = started_with in (INTERPRETED, COMPILED)
+    session.conf.set(FACTORY_MODE, INTERPRETED if small and not fixed else started_with)
 
 
 def evaluate_for_kafka_batch(session: SparkSession, records: int | None) -> None:
