@@ -71,6 +71,22 @@ def output_topic(bootstrap: str) -> str:
     return name
 
 
+# What a broker answers for a moment after it restarted, before its partitions have their leader again.
+NO_LEADER_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float = 60.0) -> tuple[int, int]:
+    """The partition's (low, high) watermarks, asked again while the broker has no leader for it yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=30, cached=False)
+        except KafkaException as error:
+            if error.args[0].code() not in NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict[str, str]]:
     """Every record of ``topic`` as ``isolation`` sees it, and the topic folded by key (tombstones delete)."""
     consumer = Consumer(
@@ -89,8 +105,7 @@ def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict
         partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         ends = {}
         for partition in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
-            ends[partition] = (low, high)
+            ends[partition] = watermarks(consumer, TopicPartition(topic, partition))
         pending = {partition for partition, (low, high) in ends.items() if high > low}
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in sorted(pending)])
         deadline = time.monotonic() + 60
