@@ -108,6 +108,22 @@ class Beside:
             raise self._error
 
 
+def _tagged_commit(spark: SparkSession, path: str, app_id: str | None, batch_id: int, snapshot) -> int | None:
+    """The version of the table's commit tagged (``app_id``, ``batch_id``); None when ``snapshot`` (its newest)
+    holds no commit of that batch."""
+    committed = None if app_id is None else last_tagged_batch(snapshot, app_id)
+    if committed is None or committed < batch_id:
+        return None
+    version = tagged_version(spark, path, app_id, batch_id, snapshot.version())
+    if version is None:
+        raise RuntimeError(_log_file_gone(path, app_id, batch_id))
+    return version
+
+
+def _log_file_gone(path: str, app_id: str, batch_id: int) -> str:
+    return f"{path}: the commit of batch {batch_id} of stream {app_id} is recorded but its log file is gone"
+
+
 def rows_of_commit(spark: SparkSession, path: str, app_id: str | None, batch_id: int) -> DataFrame | None:
     """The rows the commit tagged (``app_id``, ``batch_id``) added to the table at ``path``, read back from
     that commit's files at its version; None when the table holds no commit of that batch.
@@ -124,18 +140,12 @@ def rows_of_commit(spark: SparkSession, path: str, app_id: str | None, batch_id:
         raise ValueError("path must name a Delta table")
     if batch_id < 0:
         raise ValueError(f"batch_id must be at least 0, got {batch_id}")
-    if app_id is None:
+    version = _tagged_commit(spark, path, app_id, batch_id, latest_snapshot(spark, path))
+    if version is None:
         return None
-    snapshot = latest_snapshot(spark, path)
-    committed = last_tagged_batch(snapshot, app_id)
-    if committed is None or committed < batch_id:
-        return None
-    version = tagged_version(spark, path, app_id, batch_id, snapshot.version())
-    actions = None if version is None else commit_actions(spark, path, version)
+    actions = commit_actions(spark, path, version)
     if actions is None:
-        raise RuntimeError(
-            f"{path}: the commit of batch {batch_id} of stream {app_id} is recorded but its log file is gone"
-        )
+        raise RuntimeError(_log_file_gone(path, app_id, batch_id))
     # A data file's name is unique in its table (Delta names each with a UUID); the log records its path
     # relative to the table, URL-encoded.
     names = sorted({unquote(action["add"]["path"]).rsplit("/", 1)[-1] for action in actions if "add" in action})
@@ -163,13 +173,8 @@ def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | 
         return valid
     session = valid.sparkSession
     snapshot = latest_snapshot(session, path)
-    committed = None if app_id is None else last_tagged_batch(snapshot, app_id)
-    if committed is not None and committed >= batch_id:
-        version = tagged_version(session, path, app_id, batch_id, snapshot.version())
-        if version is None:
-            raise RuntimeError(
-                f"{path}: the commit of batch {batch_id} of stream {app_id} is recorded but its log file is gone"
-            )
+    version = _tagged_commit(session, path, app_id, batch_id, snapshot)
+    if version is not None:
         before = version - 1
     elif not may_hold(session, path, offset_range_predicate(ranges)):
         return valid
@@ -201,13 +206,17 @@ def stream_writer(
     paths = {name: lakehouse.table(name) for name in FUSED.sinks}
     checkpoint, app_id = lakehouse.checkpoint(STREAM), prepared.stream_id
     ingest = KafkaIngest(spark, config, lakehouse, prepared, STREAM)
+    # The batch a start replays (planned, never committed): the only one bronze may hold already, so
+    # the only one whose rows are looked for there, and no other batch pays for the look.
+    planned = checkpoints.last_planned_batch(spark, checkpoint)
+    replayed = planned if planned != checkpoints.last_committed_batch(spark, checkpoint) else None
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         session = rows.sparkSession  # the stream's own session, cloned at its start
         ingest.evaluate_for_batch(rows, batch_id)
         from_kafka = ingest.identified(rows, batch_id)
         # A replay of a batch bronze holds reads bronze's rows of it, never Kafka again.
-        committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id)
+        committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id) if batch_id == replayed else None
         # Cached: the first job to read a partition (bronze's append, or the key ranges' job
         # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
         identified = (from_kafka if committed is None else committed).persist()
