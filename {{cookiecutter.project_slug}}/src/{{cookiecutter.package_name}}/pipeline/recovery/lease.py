@@ -298,13 +298,12 @@ class Lease:
 
     def check(self) -> None:
         """Raise LeaseLost unless this process may still write for the stream (see the module)."""
-        if self._released.is_set():
-            released_at = self._released_at if self._released_at is not None else clock()
+        if self._released.is_set():  # _released_at is set before it
             raise LeaseLost(
                 Refusal.LEASE_RELEASED.message(
                     self.record.stream,
                     path=self.path,
-                    ago=f"{clock() - released_at:.0f}",
+                    ago=f"{clock() - self._released_at:.0f}",
                     stream_name=self.record.stream,
                 )
             )
