@@ -33,11 +33,11 @@ from {{ cookiecutter.package_name }}.devtools.chaos import (
     verify,
 )
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
-from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, run_nemesis
+from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, compiled_java_options, run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
-from {{ cookiecutter.package_name }}.pipeline.codegen import COMPILED, FACTORY_MODE, INTERPRETED
+from {{ cookiecutter.package_name }}.pipeline.codegen import FACTORY_MODE, INTERPRETED
 from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
@@ -115,11 +115,15 @@ def compiled_env(env: dict, event_logs: Path) -> dict:
     (pipeline/codegen.py): started compiled-only, a driver compiles a batch of a few records too, and
     fails rather than interpret. Spark's event log (in ``event_logs``) records the plans it ran.
     """
+    return {**env, "JAVA_TOOL_OPTIONS": compiled_java_options(logged_java_options(env, event_logs))}
+
+
+def logged_java_options(env: dict, event_logs: Path) -> str:
+    """``env``'s ``JAVA_TOOL_OPTIONS`` with Spark's event log on, written to ``event_logs``."""
     event_logs.mkdir(parents=True, exist_ok=True)
-    options = [option for option in env.get("JAVA_TOOL_OPTIONS", "").split() if FACTORY_MODE not in option]
-    options += [f"-D{FACTORY_MODE}={COMPILED}", "-Dspark.eventLog.enabled=true"]
+    options = [env.get("JAVA_TOOL_OPTIONS", ""), "-Dspark.eventLog.enabled=true"]
     options += [f"-Dspark.eventLog.dir={event_logs.as_uri()}", "-Dspark.eventLog.compress=false"]
-    return {**env, "JAVA_TOOL_OPTIONS": " ".join(options)}
+    return " ".join(options).strip()
 
 
 def queries_by_evaluation(event_logs: Path) -> dict[str, Counter]:
@@ -627,19 +631,33 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(s
 
 
 @pytest.mark.faults
-def test_a_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(spark, config, tmp_path):
+def test_a_compiled_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(
+    spark, config, tmp_path, monkeypatch
+):
     fused = config.model_copy(update={"mode": Mode.FUSED})
+    # The schedule's processes inherit this one's JVM options: Spark's event log on, to read back
+    # what they compiled.
+    event_logs = tmp_path / "event-logs"
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", logged_java_options(dict(os.environ), event_logs))
     with ExitStack() as servers:
         run_config = private_servers(fused, tmp_path, servers)
         schedule_file = tmp_path / "schedule.json"
         report = run_nemesis(
-            run_config, logs=tmp_path / "logs", actions=FUSED_ACTIONS, seed=FUSED_SEED, schedule_file=schedule_file
+            run_config,
+            logs=tmp_path / "logs",
+            actions=FUSED_ACTIONS,
+            seed=FUSED_SEED,
+            schedule_file=schedule_file,
+            compiled=True,
         )
 
     print(report.table())
     assert report.clean, report.table()
-    # A replay of it plays in the fused mode whatever PIPELINE_MODE says where it is played.
-    assert Schedule.load(schedule_file).mode is Mode.FUSED
+    # Every batch the fused stream ran compiled, though each holds a few records.
+    assert_compiled(event_logs, ["fused"])
+    # A replay of it plays fused and compiled whatever PIPELINE_MODE says where it is played.
+    saved = Schedule.load(schedule_file)
+    assert saved.mode is Mode.FUSED and saved.compiled
     kinds = {"kill", "crash", "partition", "foreign", "rollback", "lose"}
     assert kinds <= set(report.actions()), report.actions()
     assert sum(report.refusals.values()) >= 1, report.table()

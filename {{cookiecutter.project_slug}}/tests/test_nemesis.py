@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.devtools.nemesis import (
     Predictions,
     Schedule,
     Step,
+    compiled_java_options,
     shortest_failing,
 )
 from {{ cookiecutter.package_name }}.pipeline.config import Mode
@@ -109,12 +110,13 @@ def test_a_saved_schedule_ends_at_its_first_anomaly_and_reads_back_with_its_tupl
     )
     path = tmp_path / "schedule.json"
 
-    Schedule.of(seed=5, report=report, mode=Mode.FUSED).save(path)
+    Schedule.of(seed=5, report=report, mode=Mode.FUSED, compiled=True).save(path)
     schedule = Schedule.load(path)
 
     assert schedule.seed == 5
-    assert schedule.mode is Mode.FUSED
-    assert schedule.without(schedule.actions[:1]).mode is Mode.FUSED
+    assert schedule.mode is Mode.FUSED and schedule.compiled
+    shortened = schedule.without(schedule.actions[:1])
+    assert shortened.mode is Mode.FUSED and shortened.compiled
     assert schedule.names() == ["produce", "retention", "drain"]
     assert schedule.actions[1]["draws"] == [("topic-a", 1), 5]
     assert schedule.anomalies == ["bronze_duplicates"]
@@ -142,6 +144,7 @@ def test_a_clean_runs_schedule_keeps_every_action_but_the_final_drain(tmp_path):
         ('{"actions": []}', "'seed'"),
         ('{"seed": 1, "actions": [{"action": "teleport", "draws": []}]}', "unknown action 'teleport'"),
         ('{"seed": 1, "mode": "sideways", "actions": []}', "'sideways' is not a valid Mode"),
+        ('{"seed": 1, "compiled": "yes", "actions": []}', "compiled is 'yes', not true or false"),
     ],
 )
 def test_a_file_that_is_not_a_schedule_is_refused_naming_what_is_wrong(tmp_path, text, problem):
@@ -157,6 +160,14 @@ def test_a_schedule_saved_before_modes_were_recorded_plays_in_the_layered_mode(t
     path.write_text('{"seed": 3, "anomalies": [], "actions": [{"action": "produce", "draws": [5]}]}')
 
     assert Schedule.load(path).mode is Mode.LAYERED
+    assert not Schedule.load(path).compiled
+
+
+def test_compiled_java_options_replace_the_suites_interpreted_mode_and_keep_the_rest():
+    options = compiled_java_options("-Xss4m -Dspark.sql.codegen.factoryMode=NO_CODEGEN -Dfile.encoding=UTF-8")
+
+    assert options == "-Xss4m -Dfile.encoding=UTF-8 -Dspark.sql.codegen.factoryMode=CODEGEN_ONLY"
+    assert compiled_java_options("") == "-Dspark.sql.codegen.factoryMode=CODEGEN_ONLY"
 
 
 def test_shortening_keeps_only_the_actions_the_failure_needs_in_their_order():

@@ -64,6 +64,11 @@ def register(commands) -> None:
         help="with --replay of a failing run: replay ever shorter schedules (minutes each) for the shortest that fails",
     )
     nemesis_parser.add_argument("--workdir", default=".nemesis", help="each run gets a fresh lakehouse below it")
+    nemesis_parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="every stream compiles each batch, however small (production compiles only large ones)",
+    )
     nemesis_parser.set_defaults(handler=nemesis)
 
     bench_parser = commands.add_parser(
@@ -202,6 +207,7 @@ def nemesis(config: Config, args: argparse.Namespace) -> int:
             replay=replay,
             broker=broker,
             schedule_file=workdir / "schedule.json",
+            compiled=args.compiled,
         )
     print(report.table())
     print(f"work directory: {workdir}")

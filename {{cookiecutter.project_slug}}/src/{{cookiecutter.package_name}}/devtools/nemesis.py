@@ -86,6 +86,7 @@ from delta.tables import DeltaTable
 from pyspark.sql.functions import col, expr, get_json_object, input_file_name
 from pyspark.sql.functions import max as max_
 
+from ..pipeline.codegen import COMPILED, FACTORY_MODE
 from ..pipeline.config import Mode
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
 from ..pipeline.spark import java_class
@@ -300,7 +301,8 @@ class Schedule:
 
     A failing run's schedule ends at its first step with an anomaly: what came after cannot have
     caused it. ``anomalies`` are the kinds that step found, the ones a shorter schedule must still find.
-    ``mode`` is the pipeline mode the run played in; a replay plays in it too, whatever its shell says.
+    ``mode`` is the pipeline mode the run played in, ``compiled`` whether its streams compiled every
+    batch (``nemesis --compiled``); a replay plays the same way, whatever its shell says.
 
     Example::
 
@@ -312,9 +314,10 @@ class Schedule:
     actions: list[dict]
     anomalies: list[str] = field(default_factory=list)
     mode: Mode = Mode.LAYERED
+    compiled: bool = False
 
     @classmethod
-    def of(cls, seed: int, report: NemesisReport, mode: Mode = Mode.LAYERED) -> Schedule:
+    def of(cls, seed: int, report: NemesisReport, mode: Mode = Mode.LAYERED, compiled: bool = False) -> Schedule:
         actions, anomalies = [], []
         for step in report.steps:
             if not step.final:
@@ -322,7 +325,7 @@ class Schedule:
             if step.anomalies:
                 anomalies = sorted(step.anomalies)
                 break
-        return cls(seed, actions, anomalies, Mode(mode))
+        return cls(seed, actions, anomalies, Mode(mode), compiled)
 
     @classmethod
     def load(cls, path: Path) -> Schedule:
@@ -331,7 +334,10 @@ class Schedule:
             data = json.loads(Path(path).read_text())
             # A schedule saved before the mode was recorded was played in the layered mode.
             mode = Mode(data.get("mode", Mode.LAYERED.value))
-            schedule = cls(int(data["seed"]), list(data["actions"]), list(data.get("anomalies", [])), mode)
+            compiled = data.get("compiled", False)
+            if not isinstance(compiled, bool):
+                raise ValueError(f"compiled is {compiled!r}, not true or false")
+            schedule = cls(int(data["seed"]), list(data["actions"]), list(data.get("anomalies", [])), mode, compiled)
             for action in schedule.actions:
                 action["draws"] = list(_tuples(action.get("draws", [])))
                 if action["action"] not in WEIGHTS:
@@ -341,14 +347,20 @@ class Schedule:
         return schedule
 
     def save(self, path: Path) -> None:
-        saved = {"seed": self.seed, "mode": self.mode.value, "anomalies": self.anomalies, "actions": self.actions}
+        saved = {
+            "seed": self.seed,
+            "mode": self.mode.value,
+            "compiled": self.compiled,
+            "anomalies": self.anomalies,
+            "actions": self.actions,
+        }
         path.write_text(json.dumps(saved, indent=1))
 
     def names(self) -> list[str]:
         return [action["action"] for action in self.actions]
 
     def without(self, kept: list[dict]) -> Schedule:
-        return Schedule(self.seed, kept, self.anomalies, self.mode)
+        return Schedule(self.seed, kept, self.anomalies, self.mode, self.compiled)
 
 
 class Predictions:
@@ -449,6 +461,7 @@ class Nemesis:
         broker=None,
         records_per_transaction: int = 40,
         schedule_file: Path | None = None,
+        compiled: bool = False,
     ):
         from ..pipeline import s3
         from ..pipeline.egress import settings_of
@@ -463,6 +476,7 @@ class Nemesis:
         self.rng = Draws(f"{seed}:actions", run=self.run)
         self.seed = seed
         self.schedule_file = schedule_file
+        self.compiled = compiled
         self.logs = logs
         self.broker = broker
         self.records_per_transaction = records_per_transaction
@@ -486,6 +500,8 @@ class Nemesis:
             **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
+        if compiled:
+            self.env["JAVA_TOOL_OPTIONS"] = compiled_java_options(self.env.get("JAVA_TOOL_OPTIONS", ""))
         # The layers (or the fused stream), then each egress the run turns on: an egress runs after gold.
         fused = config.mode.value == FUSED_STREAM
         self.layers = (FUSED_STREAM,) if fused else STREAMS
@@ -585,7 +601,7 @@ class Nemesis:
         self.report.steps.append(step)
         print(f"[{number:3d}] {name:<8} {step.seconds:6.1f} s  {detail}", flush=True)
         if self.schedule_file is not None:
-            Schedule.of(self.seed, self.report, self.config.mode).save(self.schedule_file)
+            Schedule.of(self.seed, self.report, self.config.mode, self.compiled).save(self.schedule_file)
 
     # --- running the pipeline -----------------------------------------------------------------
 
@@ -1458,6 +1474,19 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def compiled_java_options(options: str) -> str:
+    """``JAVA_TOOL_OPTIONS`` that start a JVM compiling every batch: ``options`` with any other
+    ``spark.sql.codegen.factoryMode`` taken out (the test suite's ``NO_CODEGEN``).
+
+    Example::
+
+        compiled_java_options("-Xss4m -Dspark.sql.codegen.factoryMode=NO_CODEGEN")
+        # "-Xss4m -Dspark.sql.codegen.factoryMode=CODEGEN_ONLY"
+    """
+    kept = [option for option in options.split() if FACTORY_MODE not in option]
+    return " ".join([*kept, f"-D{FACTORY_MODE}={COMPILED}"])
+
+
 def _last_lines(output: str, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in output.strip().splitlines()[-lines:])
 
@@ -1470,12 +1499,15 @@ def run_nemesis(
     replay: Schedule | None = None,
     broker=None,
     schedule_file: Path | None = None,
+    compiled: bool = False,
 ) -> NemesisReport:
     """Play ``actions`` seeded actions, or the schedule ``replay``, against a private topic and lakehouse,
     then judge the end. The schedule taken is saved to ``schedule_file`` after every step.
 
     ``config`` points at the broker and at a lakehouse of this run only (resolved, as for chaos);
     ``broker``, when the caller started it for this run, is restarted by the ``broker`` action.
+    ``compiled`` starts every stream's JVM compiling each batch, however small (``codegen.COMPILED``),
+    where production interprets the small batches a schedule makes.
 
     Example::
 
@@ -1492,7 +1524,8 @@ def run_nemesis(
         # Played in the mode the schedule was taken in: its actions (a fused stream's crash points)
         # and their draws mean nothing in the other.
         config = config.model_copy(update={"mode": replay.mode})
-    nemesis = Nemesis(config, seed, logs, broker=broker, schedule_file=schedule_file)
+        compiled = replay.compiled
+    nemesis = Nemesis(config, seed, logs, broker=broker, schedule_file=schedule_file, compiled=compiled)
     try:
         return nemesis.play(actions, replay=replay)
     finally:
