@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.pipeline.audit.cut import (
     delta_consumed,
     touched_windows,
 )
+from {{ cookiecutter.package_name }}.pipeline.audit.findings import Finding, keys
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
@@ -43,6 +44,24 @@ from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 def delta_offset(version: int, index: int, starting: bool = False) -> str:
     offset = {"sourceVersion": 1, "reservoirId": "t", "reservoirVersion": version, "index": index}
     return json.dumps({**offset, "isStartingVersion": starting})
+
+
+def test_the_findings_of_a_project_are_its_own_and_those_of_each_egress_it_runs():
+    without = keys([])
+    with_kafka = keys(["kafka_egress"])
+
+    assert "silver_duplicates" in without and not any("egress" in key for key in without)
+    assert with_kafka.keys() - without.keys() == {
+        "kafka_egress_not_audited_its_last_batch_ended_inside_a_gold_version",
+        "kafka_egress_rows_not_matching_gold",
+        "kafka_egress_records_repeating_a_gold_version",
+    }
+    assert with_kafka["kafka_egress_rows_not_matching_gold"] is Finding.EGRESS_ROWS_NOT_MATCHING_GOLD
+    assert Finding.NEWEST_RECORDS_MOSTLY_QUARANTINED.is_warning and not Finding.BRONZE_DUPLICATES.is_warning
+    with pytest.raises(ValueError, match="not a finding of each egress"):
+        Finding.BRONZE_DUPLICATES.of("kafka_egress")
+    with pytest.raises(ValueError, match="not an egress's stream name"):
+        Finding.EGRESS_ROWS_NOT_MATCHING_GOLD.of("kafka")
 
 
 def test_a_delta_offset_tells_the_versions_read_whole_and_whether_one_was_read_in_part():
@@ -140,10 +159,10 @@ def test_an_egress_is_checked_row_for_row_against_gold_leaving_out_what_is_in_fl
     )
 
     report = AuditReport()
-    reconcile_egress(report, "sink", mirror, gold_then, EVENTS, through=4, gold_now=gold_now)
+    reconcile_egress(report, "postgres_egress", mirror, gold_then, EVENTS, through=4, gold_now=gold_now)
 
-    assert report.counts == {"sink_rows": 3, "sink_rows_in_flight": 1}
-    assert report.errors == {"sink_rows_not_matching_gold": 2}  # minutes 2 and 3
+    assert report.counts == {"postgres_egress_rows": 3, "postgres_egress_rows_in_flight": 1}
+    assert report.errors == {"postgres_egress_rows_not_matching_gold": 2}  # minutes 2 and 3
 
 
 def produce_events(config, count: int, seed: int, topic: str | None = None) -> list:
@@ -201,8 +220,8 @@ def test_every_coordinate_check_counts_what_was_planted_and_nothing_else(spark):
     gaps = reconcile(compacted, bronze, silver, quarantine, None, "1 minute", kafka_log_start={("t", 0): 1})
     assert gaps.errors["bronze_records_not_committed_in_kafka"] == 3  # 1, 2 and 20
     assert gaps.errors["kafka_records_missing_in_bronze"] == 1
-    # A log start names the partition, not the incarnation: the earlier incarnation's 0 is still
-    # out of Kafka's range (it was counted as missing when a recreated topic's log started at 0).
+    # A log start names the partition, not the incarnation: when a recreated topic's log starts at 0,
+    # the earlier incarnation's 0 stays out of Kafka's range and is not counted as missing.
     recreated = reconcile(kafka, bronze, silver, quarantine, None, "1 minute", kafka_log_start={("t", 0): 0})
     assert recreated.errors["bronze_records_not_committed_in_kafka"] == 1  # 20
 

@@ -1,6 +1,7 @@
 """The docs held to the code: what the runbook says a command takes is what its parser takes."""
 
 import argparse
+import ast
 import json
 import re
 from enum import Enum
@@ -9,6 +10,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from {{ cookiecutter.package_name }}.cli import build_parser
+from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import Settings
 from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
 from {{ cookiecutter.package_name }}.pipeline.recovery import crash_points
@@ -70,6 +72,89 @@ def test_the_runbook_names_the_options_every_command_takes():
         for flag in action.option_strings:
             if flag.startswith("--") and flag != "--help":
                 assert f"`{flag}" in text, f"runbook.md: the option {flag} before the command is not listed"
+
+
+def subsection(text: str, heading: str) -> str:
+    """The body of the ``### heading`` section of a Markdown text, up to the next heading."""
+    start = text.index(f"\n### {heading}\n")
+    end = re.compile(r"\n#{1,3} ").search(text, start + 1)
+    return text[start : end.start() if end else len(text)]
+
+
+def test_the_runbook_explains_every_audit_finding_as_error_or_warning_and_no_other():
+    text = subsection((DOCS / "runbook.md").read_text(), "What the audit reports, and what to do")
+    egresses = installed_names()
+    documented: dict[str, bool] = {}
+    # Each entry leads with its keys in bold, "warning" before a warning's.
+    for entry in re.split(r"\n- ", text)[1:]:
+        leads = re.match(r"(?:\*\*[^*]+\*\*,?\s*)*", entry).group(0)
+        for lead in re.findall(r"\*\*([^*]+)\*\*", leads):
+            for key in re.findall(r"`([a-z<>_]+)`", lead):
+                names = [key.replace("<egress>", egress) for egress in egresses] if "<egress>" in key else [key]
+                documented.update(dict.fromkeys(names, lead.startswith("warning ")))
+    declared = findings.keys(egresses)
+    assert sorted(set(declared) - set(documented)) == [], "runbook.md: audit findings not explained"
+    assert sorted(set(documented) - set(declared)) == [], "runbook.md: explains audit findings the audit never reports"
+    for key, finding in declared.items():
+        assert documented[key] == finding.is_warning, f"runbook.md: {key} is {'not ' * documented[key]}a warning"
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "{{ cookiecutter.package_name }}"
+
+
+def keys_named_by_exit_2() -> set[str]:
+    """The setting each exit-2 error of the code names first: the leading ``<key>:`` of every
+    ``ConfigError`` message (module constants in it resolved), and the flags a command prints before
+    it returns ``ExitCode.BAD_INPUT``. Messages whose key is only known at run time are left out."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        constants = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            for target in node.targets
+            if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError" and node.args:
+                message = node.args[0]
+                text = ""
+                for part in message.values if isinstance(message, ast.JoinedStr) else [message]:
+                    if isinstance(part, ast.Constant):
+                        text += str(part.value)
+                    elif isinstance(getattr(part, "value", None), ast.Name) and part.value.id in constants:
+                        text += constants[part.value.id]
+                    else:
+                        text += "{}"
+                    if ":" in text:
+                        break
+                key = text.partition(":")[0]
+                if "{}" not in key:
+                    found.add(key)
+            if isinstance(node, ast.If) and ast.unparse(node.body[-1]) == "return ExitCode.BAD_INPUT":
+                printed = " ".join(ast.unparse(statement) for statement in node.body[:-1])
+                found.update(re.findall(r"--[a-z][a-z-]*", printed))
+    return found
+
+
+def test_the_runbook_explains_every_setting_an_exit_2_names_and_no_other():
+    text = section((DOCS / "runbook.md").read_text(), "When a command exits 2")
+    documented = set(re.findall(r"\*\*`([^`]+)`\*\*", text))
+    named = keys_named_by_exit_2()
+    assert {"kafka.bootstrap_servers", "s3.endpoint", "--since"} <= named  # the scan reads the code
+    assert sorted(named - documented) == [], "runbook.md: exit-2 errors of these settings not explained"
+    flags = {
+        flag for _, parser in commands(build_parser()) for action in parser._actions for flag in action.option_strings
+    }
+    tables = config_tables()
+    settings = {f"{table}.{key}" for table, model in tables.items() for key in model.model_fields}
+    variables = {
+        variable for model in tables.values() for key in model.model_fields for variable in model.variables(key)
+    }
+    for key in documented - named:
+        known = key in flags | settings | variables | {"AWS_ACCESS_KEY_ID"} or "<" in key
+        assert known, f"runbook.md: exit 2 explains {key}, which is no setting, variable or flag"
 
 
 def test_the_runbook_lists_every_crash_point():

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
 from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, Lakehouse
@@ -680,4 +681,9 @@ def test_calendar_edge_event_times_run_through_every_egress_once_each_in_one_dri
         if record is not None and "event_count" in record:
             folded[(record["window_start"], record["event_type"])] = record
     assert sorted(record["event_count"] for record in folded.values()) == ([2] * in_range if with_kafka else [])
-    assert main(["audit"]) == 0, capsys.readouterr().out[-3000:]
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0, capsys.readouterr().out[-3000:]
+    # Every key the audit reports is a declared finding, each of which the runbook explains (test_docs.py).
+    report = json.loads(capsys.readouterr().out)
+    egresses = ["postgres_egress", *(["kafka_egress"] if with_kafka else [])]
+    assert sorted({*report["errors"], *report["warnings"]} - set(findings.keys(egresses))) == []

@@ -340,7 +340,7 @@ def _kafka_start(
     if bound.last_batches is None or bronze_batch is None or bronze_batch - bound.last_batches < 0:
         recorded = recorded_sources(spark, lakehouse)
         first = first_offsets(spark, lakehouse, recorded.topic_ids) if recorded is not None else {}
-        # Once retention deleted records past it, Kafka's first record is where the audit starts, as before.
+        # Once retention deleted records past it, Kafka's first record is where the audit starts.
         return {tp: offset for tp, offset in first.items() if offset > log_start.get(tp, offset)}
     before = bronze_batch - bound.last_batches
     try:

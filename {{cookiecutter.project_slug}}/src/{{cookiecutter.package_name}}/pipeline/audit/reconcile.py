@@ -38,6 +38,7 @@ from ..kafka.identity import recorded_compacted
 from ..monitoring import QUARANTINE_ALERT_SHARE
 from ..silver import first_per_kafka_record, parse_events, quarantined_records, valid_events
 from .cut import Bound, Consumed, Cut, take_cut, touched_windows
+from .findings import Finding
 
 KAFKA_RECORD = "topic string, topic_id string, partition int, offset long, key binary, value binary"
 
@@ -150,24 +151,24 @@ def run_audit(
     undeclared = compacted_now - set(config.kafka.compacted_topics)
     accepted = compacted - undeclared
     if accepted:
-        report.warnings["compacted_topics_whose_superseded_records_bronze_may_never_have_read"] = len(accepted)
+        report.warnings[Finding.COMPACTED_TOPICS_ACCEPTED] = len(accepted)
     if undeclared:
-        report.errors["compacted_topics_not_in_kafka_compacted_topics"] = len(undeclared)
+        report.errors[Finding.COMPACTED_TOPICS_NOT_DECLARED] = len(undeclared)
     lost = retention.lost_offsets(spark, lakehouse)
     if lost:
         # Kafka deleted them before bronze read them, and someone accepted it (kafka/retention.py): reported
         # as offsets, since the records are gone and some offsets were transaction markers.
-        report.warnings["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] = lost
+        report.warnings[Finding.KAFKA_OFFSETS_ACCEPTED_AS_LOST] = lost
     # A check the audit cannot make fails the verdict. Gold and the egresses read whole versions
-    # (WHOLE_VERSIONS), so a batch ending inside one is a checkpoint written otherwise (before that
+    # (WHOLE_VERSIONS), so a batch ending inside one is a checkpoint written otherwise (without that
     # setting, or by hand): the stream's next batch moves past it.
     if not gold_exact:
-        report.errors["gold_not_audited_its_last_batch_ended_inside_a_silver_version"] = 1
+        report.errors[Finding.GOLD_NOT_AUDITED] = 1
     report.errors.update(compare_content(kafka, bronze, silver, quarantine, contract))
     for name, module in egresses.items():
         read = cut.egress_read[name]
         if not read.exact:
-            report.errors[f"{name}_not_audited_its_last_batch_ended_inside_a_gold_version"] = 1
+            report.errors[Finding.EGRESS_NOT_AUDITED.of(name)] = 1
             continue
         gold_then, gold_now = windows(table(GOLD, read), WINDOW_START), windows(tables[GOLD], WINDOW_START)
         mirror = windows(module.read_back(spark, config), WINDOW_START)
@@ -192,6 +193,7 @@ def reconcile_egress(
     dropped since (``gold_now`` lacks it), which the egress may already have deleted.
     """
     columns = gold.columns
+    not_matching = Finding.EGRESS_ROWS_NOT_MATCHING_GOLD.of(name)
     # Read back once (a whole topic folded, or a table over JDBC) for the checks' one job.
     read_back = mirror.persist()
     try:
@@ -206,13 +208,12 @@ def reconcile_egress(
                 _without(rows, in_flight, contract.gold_key)
                 for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
             )
-        checks[f"{name}_rows_not_matching_gold"] = _gold_differences(mirror.select(*columns), gold, contract)
+        checks[not_matching] = _gold_differences(mirror.select(*columns), gold, contract)
         counted = count_rows(checks)
     finally:
         read_back.unpersist()
-    not_matching = counted.pop(f"{name}_rows_not_matching_gold")
+    report.errors[not_matching] = counted.pop(not_matching)
     report.counts.update(counted)
-    report.errors[f"{name}_rows_not_matching_gold"] = not_matching
 
 
 def _without(rows: DataFrame, keys: DataFrame, key: tuple[str, ...]) -> DataFrame:
@@ -244,7 +245,7 @@ def compare_content(
 
     Example::
 
-        compare_content(kafka, bronze, silver, quarantine)["silver_rows_not_as_parsed_from_bronze"]  # 0
+        compare_content(kafka, bronze, silver, quarantine)[Finding.SILVER_ROWS_NOT_AS_PARSED_FROM_BRONZE]  # 0
     """
     missing = {"key", "value"} - set(kafka.columns)
     if missing:
@@ -257,11 +258,11 @@ def compare_content(
     reparsed = parse_events(first_per_kafka_record(bronze), contract)
     return count_rows(
         {
-            "bronze_records_not_as_in_kafka": digests(bronze)
+            Finding.BRONZE_RECORDS_NOT_AS_IN_KAFKA: digests(bronze)
             .join(in_kafka, KAFKA_KEY_COLUMNS)
             .where(F.col("digest") != F.col("kafka_digest")),
-            "silver_rows_not_as_parsed_from_bronze": _not_in(silver, valid_events(reparsed, contract)),
-            "quarantine_rows_not_as_parsed_from_bronze": _not_in(quarantine, quarantined_records(reparsed)),
+            Finding.SILVER_ROWS_NOT_AS_PARSED_FROM_BRONZE: _not_in(silver, valid_events(reparsed, contract)),
+            Finding.QUARANTINE_ROWS_NOT_AS_PARSED_FROM_BRONZE: _not_in(quarantine, quarantined_records(reparsed)),
         }
     )
 
@@ -276,7 +277,7 @@ def count_rows(checks: dict[str, DataFrame]) -> dict[str, int]:
 
     Example::
 
-        count_rows({"gold_windows": gold, "gold_windows_not_matching_silver": differences})
+        count_rows({"gold_windows": gold, Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER: differences})
     """
     if not checks:
         raise ValueError("checks must name at least one DataFrame to count")
@@ -350,7 +351,7 @@ def reconcile(
 
     Example::
 
-        reconcile(kafka, bronze, silver, quarantine, gold, "1 minute").errors["silver_duplicates"]  # 0
+        reconcile(kafka, bronze, silver, quarantine, gold, "1 minute").errors[Finding.SILVER_DUPLICATES]  # 0
     """
     if compacted and not {"key", "value"} <= set(kafka.columns) & set(bronze.columns):
         raise ValueError("kafka and bronze must hold key and value to account for compacted topics")
@@ -381,18 +382,18 @@ def reconcile(
             total(F.col("bronze")).alias("bronze_rows"),
             total(F.col("silver")).alias("silver_rows"),
             total(F.col("quarantine")).alias("quarantine_rows"),
-            total(F.col("kafka"), F.col("bronze") == 0).alias("kafka_records_missing_in_bronze"),
-            total(F.col("bronze"), F.col("absent")).alias("bronze_records_not_committed_in_kafka"),
+            total(F.col("kafka"), F.col("bronze") == 0).alias(Finding.KAFKA_RECORDS_MISSING_IN_BRONZE),
+            total(F.col("bronze"), F.col("absent")).alias(Finding.BRONZE_RECORDS_NOT_COMMITTED_IN_KAFKA),
             F.count_if((F.col("consumed") > 0) & (parsed == 0)).alias(
-                "bronze_records_missing_in_silver_and_quarantine"
+                Finding.BRONZE_RECORDS_MISSING_IN_SILVER_AND_QUARANTINE
             ),
-            total(F.col("silver") - 1, F.col("silver") > 0).alias("silver_duplicates"),
-            total(F.col("quarantine") - 1, F.col("quarantine") > 0).alias("quarantine_duplicates"),
-            total(F.col("silver") * F.col("quarantine")).alias("records_in_both_silver_and_quarantine"),
-            total(parsed, F.col("bronze") == 0).alias("silver_or_quarantine_records_not_in_bronze"),
-            total(F.col("bronze") - 1, F.col("bronze") > 0).alias("bronze_duplicates"),
+            total(F.col("silver") - 1, F.col("silver") > 0).alias(Finding.SILVER_DUPLICATES),
+            total(F.col("quarantine") - 1, F.col("quarantine") > 0).alias(Finding.QUARANTINE_DUPLICATES),
+            total(F.col("silver") * F.col("quarantine")).alias(Finding.RECORDS_IN_BOTH_SILVER_AND_QUARANTINE),
+            total(parsed, F.col("bronze") == 0).alias(Finding.SILVER_OR_QUARANTINE_RECORDS_NOT_IN_BRONZE),
+            total(F.col("bronze") - 1, F.col("bronze") > 0).alias(Finding.BRONZE_DUPLICATES),
         ).first()
-        not_committed, compacted_away = sums["bronze_records_not_committed_in_kafka"], 0
+        not_committed, compacted_away = sums[Finding.BRONZE_RECORDS_NOT_COMMITTED_IN_KAFKA], 0
         if compacted and not_committed:
             not_committed, compacted_away = _explained_by_compaction(kafka, bronze, absent, compacted)
         newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)
@@ -405,29 +406,29 @@ def reconcile(
             "newest_records_quarantined_percent": newest_quarantined,
             "bronze_records_compacted_away_in_kafka": compacted_away,
         }
-        report.errors = {
-            "kafka_records_missing_in_bronze": sums["kafka_records_missing_in_bronze"],
-            # Bronze's own writes are idempotent per batch (Delta's txnAppId/txnVersion) and every
-            # start resumes after the rows it holds: a second copy came from outside, or from a defect.
-            # Silver keeps one copy per record, so this is bronze's error alone.
-            "bronze_duplicates": sums["bronze_duplicates"],
-            "bronze_records_not_committed_in_kafka": not_committed,
-            "bronze_records_missing_in_silver_and_quarantine": sums["bronze_records_missing_in_silver_and_quarantine"],
-            "silver_duplicates": sums["silver_duplicates"],
-            "quarantine_duplicates": sums["quarantine_duplicates"],
-            "records_in_both_silver_and_quarantine": sums["records_in_both_silver_and_quarantine"],
-            "silver_or_quarantine_records_not_in_bronze": sums["silver_or_quarantine_records_not_in_bronze"],
-        }
+        # Bronze's own writes are idempotent per batch (Delta's txnAppId/txnVersion) and every start
+        # resumes after the rows it holds: a second copy in bronze came from outside, or from a defect.
+        # Silver keeps one copy per record, so that is bronze's error alone.
+        summed = (
+            Finding.KAFKA_RECORDS_MISSING_IN_BRONZE,
+            Finding.BRONZE_DUPLICATES,
+            Finding.BRONZE_RECORDS_MISSING_IN_SILVER_AND_QUARANTINE,
+            Finding.SILVER_DUPLICATES,
+            Finding.QUARANTINE_DUPLICATES,
+            Finding.RECORDS_IN_BOTH_SILVER_AND_QUARANTINE,
+            Finding.SILVER_OR_QUARANTINE_RECORDS_NOT_IN_BRONZE,
+        )
+        report.errors = {finding: sums[finding] for finding in summed}
+        report.errors[Finding.BRONZE_RECORDS_NOT_COMMITTED_IN_KAFKA] = not_committed
         if gold is not None:
             expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
-            gold_counts = count_rows(
-                {"gold_windows": gold, "gold_windows_not_matching_silver": _gold_differences(expected, gold, contract)}
-            )
+            not_matching = Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER
+            gold_counts = count_rows({"gold_windows": gold, not_matching: _gold_differences(expected, gold, contract)})
             report.counts["gold_windows"] = gold_counts["gold_windows"]
-            report.errors["gold_windows_not_matching_silver"] = gold_counts["gold_windows_not_matching_silver"]
+            report.errors[not_matching] = gold_counts[not_matching]
         report.warnings = {
             # Not a loss (quarantine keeps them), but gold no longer grows: a producer changed its events.
-            "newest_records_mostly_quarantined": (
+            Finding.NEWEST_RECORDS_MOSTLY_QUARANTINED: (
                 newest_quarantined if newest_quarantined >= 100 * QUARANTINE_ALERT_SHARE else 0
             ),
         }

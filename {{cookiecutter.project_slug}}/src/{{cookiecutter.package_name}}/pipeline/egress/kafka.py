@@ -50,6 +50,7 @@ from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..audit.findings import Finding
 from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
@@ -239,8 +240,8 @@ class KafkaEgress:
         it would let the next batch publish changes only, onto an empty changelog. Kafka places a key by
         hashing it over the partitions: with more of them, a key's next change lands in another
         partition than its earlier ones, and a consumer folding the topic by key can no longer tell
-        which value is the newest. ``marker`` is the marker just read (default: read it). What a marker
-        written before it was recorded lacks is not checked.
+        which value is the newest. ``marker`` is the marker just read (default: read it). A marker whose
+        metadata lacks the topic id or the partition count is not checked for the one it lacks.
         """
         marker = self._marker(KAFKA_TIMEOUT_S) if marker is None else marker
         recorded = json.loads(marker.metadata or "{}")
@@ -526,7 +527,7 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
     published twice (a new stream id, after a reset, publishes gold's current rows again as a new changelog)."""
     changelog = committed_changelog(spark, config).where(F.col("value").isNotNull())
     repeated = changelog.groupBy("stream_id", "key", GOLD_VERSION).count()
-    return {f"{STREAM}_records_repeating_a_gold_version": repeated.where("count > 1").count()}
+    return {Finding.KAFKA_EGRESS_REPEATED_VERSIONS: repeated.where("count > 1").count()}
 
 
 def check_connection(config: Config) -> None:

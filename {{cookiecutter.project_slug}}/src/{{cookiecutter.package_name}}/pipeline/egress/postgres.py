@@ -25,6 +25,7 @@ from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..audit.findings import Finding
 from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
@@ -513,7 +514,7 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
         audit_errors(spark, config)  # {"postgres_egress_markers_of_other_streams": 0}
     """
     [(markers,)] = _read(config, EVENTS, "SELECT count(*) FROM {marker}") or [(0,)]
-    return {f"{STREAM}_markers_of_other_streams": max(markers - 1, 0)}
+    return {Finding.POSTGRES_EGRESS_MARKERS_OF_OTHER_STREAMS: max(markers - 1, 0)}
 
 
 def settings(config: Config) -> PostgresEgressSettings:
