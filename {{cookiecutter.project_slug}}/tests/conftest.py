@@ -79,7 +79,7 @@ def spark():
         "spark.ui.retainedStages": "100",
         "spark.ui.retainedTasks": "2000",
         # Unlike the suite's other JVMs, this driver runs for the whole session, most of the suite's
-        # work, so the C2 compiler pays for itself: on one worker the first test ran 12 % slower (the
+        # work, so the C2 compiler pays for itself: on one worker the first test runs 12 % slower (the
         # compiling) and the tests after it about 30 % faster. The code cache keeps its tiered size
         # from JAVA_TOOL_OPTIONS; a later -XX flag wins over an earlier one.
         DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4",

@@ -407,8 +407,8 @@ def test_a_stream_stopped_inside_a_long_batch_keeps_its_lease_until_the_batch_ha
 def test_a_holder_in_another_pid_namespace_or_boot_is_judged_by_age_not_by_its_pid(spark, tmp_path):
     """Two containers sharing the host's network share its host name, not their pids: a pid that names
     no process here may be a live holder there. Only a holder of this very system (host, boot id and
-    PID namespace) is judged dead by its pid; a record written before these were recorded is judged as
-    it was written to be, by host and pid."""
+    PID namespace) is judged dead by its pid; a record that names neither a boot id nor a PID namespace
+    is judged by host and pid."""
     lakehouse = Lakehouse(str(tmp_path / "lake"))
     host, pid_namespace = socket.gethostname(), os.readlink("/proc/self/ns/pid")
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -426,7 +426,7 @@ def test_a_holder_in_another_pid_namespace_or_boot_is_judged_by_age_not_by_its_p
         assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HELD, other
         with pytest.raises(lease.LeaseHeld, match=f"held by pid {dead.pid} on host {host}"):
             lease.acquire(spark, lakehouse, "silver")
-    for this_system in ({}, {"pid_namespace": pid_namespace, "boot_id": boot_id}):  # {}: an older record
+    for this_system in ({}, {"pid_namespace": pid_namespace, "boot_id": boot_id}):  # {}: a record naming neither
         path.write_text(json.dumps(holder(**this_system)))
         assert lease.read_lease(spark, lakehouse, "silver")[0] is lease.LeaseStatus.HOLDER_DEAD, this_system
 
@@ -861,8 +861,8 @@ def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at
     assert topic in guard.topic_ids()
     # Recorded when found, so that the audit accounts for what the cleaner removed meanwhile.
     assert recorded_compacted(spark, lakehouse) == {topic}
-    # Bronze put back to its first version (a restore from an older copy does the same): a soak found the
-    # audit then blaming bronze for every record the cleaner had removed. The record is not bronze's.
+    # Bronze put back to its first version (a restore from an older copy does the same): the record is not
+    # bronze's, so it stays, and the audit does not blame bronze for every record the cleaner removed.
     spark.sql(f"RESTORE TABLE delta.`{lakehouse.table(BRONZE)}` TO VERSION AS OF 0").collect()
     assert recorded_compacted(spark, lakehouse) == {topic}
 
@@ -980,8 +980,8 @@ def test_records_accepted_as_lost_stay_recorded_when_bronze_is_put_back_and_coun
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse)
     topic = config.kafka.topics[0]
-    # A topic id as the Kafka client prints it, in base64 with "/" and "+": a soak found a "/" in one
-    # making a directory of the record's name, so that the gap was never found again.
+    # A topic id as the Kafka client prints it, in base64 with "/" and "+": a "/" in a record's name would
+    # make a directory of it, and the gap would never be found again.
     topic_id = "S/PAF5N3RHG9zDpjZ8Cy+Q"
     first = retention.Gap(topic, topic_id, 0, 100, 150)
     assert retention.record(spark, lakehouse, [first], retention.ACCEPTED_BY_COMMAND) == [first]

@@ -9,7 +9,7 @@ import {{ cookiecutter.package_name }}
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 ROOT = Path({{ cookiecutter.package_name }}.__file__).parent
-# Cycles tolerated for now; none is left, and none may appear.
+# Import cycles tolerated: none, and none may appear.
 KNOWN_CYCLES: list[set[str]] = []
 
 LOADED_AFTER = """

@@ -16,7 +16,7 @@ to its first flow start, and each flow's span from its start to its end (``FlowL
 materialized view, recomputed from all of silver at every run: it is truncated first and empty until
 rewritten, and how long is read from its Delta log (``gold_empty_seconds``).
 
-Getting SDP 4.2.0 to run Kafka -> Delta took these (each a fact of that version):
+Running Kafka -> Delta in SDP 4.2.0 takes these (each a fact of that version):
 
 * The CLI starts a local Spark Connect server in a second JVM and forwards its command-line ``--conf``
   to it in groups of ten, of which pyspark 4.2.0 keeps only the last group. Static settings (the jars,

@@ -4,14 +4,14 @@ Spark compiles Java code for each query it runs: one class per stage of whole-st
 and one per projection or predicate outside them. A stream plans every batch anew, and a batch's
 queries differ in their literals (offset ranges, versions, windows), so nothing is reused from one
 batch to the next. For a batch of a few records that compiling is most of the work: in a profile of
-one-record fused batches it was 44 % of the driver's CPU (the projections over Delta's log actions
-above all). Interpreted, one-record batches took a quarter to a third less time: silver 1,678 ->
-1,162 ms, gold 1,929 -> 1,462 ms, bronze 567 -> 433 ms, the fused stream 3.9 s for 5.6 s in a
-profiling run. But interpreting also turns off whole-stage code generation, where a large batch
-spends its time: a 1,000,000-record backlog took silver 33 s against 21 s compiled, gold 4.1 s
-against 3.1 s (benchmarks.md). So each stream sets the mode for the batch at hand before it plans
-anything, from what the batch will read, known without a Spark job: its Kafka offsets, or the size
-of the Delta files its micro-batch reads.
+one-record fused batches, compiling takes 44 % of the driver's CPU (the projections over Delta's log
+actions above all). Interpreted, a one-record batch takes a quarter to a third less time (in a
+profiling run: silver 1,678 -> 1,162 ms, gold 1,929 -> 1,462 ms, bronze 567 -> 433 ms, the fused
+stream 5.6 -> 3.9 s). But interpreting also turns off whole-stage code generation, where a large
+batch spends its time: a 1,000,000-record backlog takes silver 33 s interpreted against 21 s
+compiled, gold 4.1 s against 3.1 s (benchmarks.md). So each stream sets the mode for the batch at
+hand before it plans anything, from what the batch will read, known without a Spark job: its Kafka
+offsets, or the size of the Delta files its micro-batch reads.
 
 Spark's own setting, ``spark.sql.codegen.factoryMode``, internal: its suites run both modes to the
 same results, and it interprets anyway when compiling fails. Set on the stream's own session (the
@@ -33,7 +33,7 @@ COMPILED = "CODEGEN_ONLY"
 # batches) reaches the time compiling adds per batch (measured over one-record batches). Each
 # stream's crossover, from the figures above and benchmarks.md:
 # - bronze and the fused stream, in Kafka records: bronze adds about 0.75 us a record interpreted
-#   and saves 0.13 s of compiling a batch, so about 170,000; a fused batch of 100,000 records took
+#   and saves 0.13 s of compiling a batch, so about 170,000; a fused batch of 100,000 records takes
 #   6.8 s interpreted against 7.6 s compiled (medians, runs alternated), its many queries costing
 #   more to compile. Bronze's default batch (`kafka.max_offsets_per_trigger`, 100,000) stays
 #   interpreted; a larger one is compiled.

@@ -264,7 +264,7 @@ class KafkaConfig(Section):
     # The Kafka source's consumers (fetch.max.wait.ms): how long the broker holds a fetch that finds
     # nothing new. Reading a batch up to its end offset, a consumer's last fetch comes back empty
     # (past a transaction's commit marker, no record is left to return), so a batch waits this long
-    # once: at Kafka's 500 ms it was most of a small batch's read.
+    # once: at Kafka's default 500 ms, that wait is most of a small batch's read.
     fetch_max_wait_ms: int = Field(DEFAULT_FETCH_MAX_WAIT_MS, gt=0, le=60_000)
     sasl_mechanism: str | None = None
     sasl_username: str | None = None

@@ -125,7 +125,7 @@ def touched_windows(aggregates: DataFrame) -> list[tuple[datetime, datetime]]:
 def _window_predicate(windows: list[tuple[datetime, datetime]], prefix: str = "") -> Column:
     # Table columns and literals only, so Delta skips every gold file outside the batch's
     # windows: a late event adds its own small range, not everything since. The literals are
-    # exact at any date (``instants.literal``): a rebased one missed a window before 1582.
+    # exact at any date (``instants.literal``): a rebased one would miss a window before 1582.
     return reduce(
         lambda left, right: left | right,
         [F.col(f"{prefix}{WINDOW_START}").between(literal(first), literal(last)) for first, last in windows],
@@ -203,7 +203,7 @@ def stream_writer(
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(silver_batch, SMALL_SILVER_BATCH)
         # Aggregated once and cached: the batch is scanned once, by the job that collects its
-        # windows (an empty batch has none). An isEmpty() first was one more job per batch.
+        # windows (an empty batch has none). An isEmpty() first would be one more job per batch.
         aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
         try:
             windows = touched_windows(aggregates)
@@ -250,7 +250,7 @@ def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, st
         raise checkpoints.CheckpointError(refusal)
     path = lakehouse.table(GOLD)
     if WINDOW_PROPERTY not in read_properties(spark, path):
-        # A gold from before the window was recorded: it was built with the window in use.
+        # A gold that records no window: taken as built with the window in use, and recorded so.
         set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
 
 

@@ -289,7 +289,7 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
         return
     session = rows.sparkSession
     # Asked of the table's newest version, from its files' statistics (0.2 s on a 1,000,000-row
-    # silver, where a query reading the rows took 0.45-0.87 s); the append that follows is blind
+    # silver, where a query reading the rows takes 0.45-0.87 s); the append that follows is blind
     # (no conflict with a later commit). The pipeline's own writers cannot commit in between: a table has
     # one stream, a stream one holder, and a holder that lost its lease is fenced (its commit
     # fails). A writer from outside that adds the same records at that moment is not stopped,

@@ -309,8 +309,8 @@ def java_class(session: SparkSession, name: str) -> JavaClass:
     Prefer it to ``session._jvm.org.apache.hadoop.fs.Path``: py4j resolves such a chain one dot at a
     time, asking the JVM whether ``org``, then ``org.apache``, ... is a class, and each miss is a
     lookup through every jar on the class path, once for each package pyspark imported into its view
-    (nine): about 2,000 such walks per pipeline test before this helper. A class named in full costs
-    no call until it is used.
+    (nine): about 2,000 such walks per pipeline test when classes are reached that way. A class named
+    in full costs no call until it is used.
 
     Example::
 

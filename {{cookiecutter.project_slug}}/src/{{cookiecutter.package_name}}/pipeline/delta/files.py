@@ -23,11 +23,11 @@ CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # What Hadoop raises when the file was there: from create on a filesystem, from close on S3 (412).
 _EXISTS = ("FileAlreadyExistsException", "RemoteFileChangedException")
 # What it raises when a file or directory that was there a moment ago is gone: another process deleted
-# it between our look and our read (a lease released), or the store dropped it (seen on SeaweedFS: a
-# lease directory whose last file was deleted answered that it exists, then listing it raised this).
+# it between our look and our read (a lease released), or the store dropped it (SeaweedFS does: a
+# lease directory whose last file is deleted can answer that it exists, then raise this when listed).
 _GONE = ("FileNotFoundException",)
 # A local directory removed while Hadoop lists it reads as denied access or an invalid directory
-# (Java's File.list() answered null, which Hadoop cannot tell from a directory it may not read), and
+# (Java's File.list() answers null, which Hadoop cannot tell from a directory it may not read), and
 # it may be there again at once: list_names looks this many times before the error stands.
 _LIST_ATTEMPTS = 5
 

@@ -70,8 +70,8 @@ def delta_transaction(session: SparkSession, app_id: str | None, batch_id: int) 
 # a reconstruction of three Spark jobs that is most of a small batch's time, and the MERGEs
 # need the same state to list files. Computing it right after a commit, while the stream
 # waits for its next trigger, moves that work off the next batch's path: the next
-# transaction finds the same snapshot with its state ready. Nothing else changes: the
-# check itself, and the commit's conflict detection, are Delta's as before. A run that ends
+# transaction finds the same snapshot with its state ready. Nothing else differs: the
+# check itself, and the commit's conflict detection, are Delta's own. A run that ends
 # (availableNow) has no next batch: its warm-ups are cancelled (cancel_warm_ups) rather than
 # finished, which a process would otherwise wait for at exit.
 _warm_up = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-state-warm-up")

@@ -15,8 +15,8 @@ refuses to start the stream, or to reset it, while the lease is live. A lease is
   gone (or a zombie): a process killed with SIGKILL on the same machine frees its streams at
   once. A holder on a host of the same name in another boot or another PID namespace (two
   containers sharing the host's network, and so its name) is judged by its age only, since its
-  pid means another process here. A record written before boot ids and PID namespaces were
-  recorded names neither and is judged by host name and pid, as it was written to be.
+  pid means another process here. A record that names neither a boot id nor a PID namespace is
+  judged by host name and pid.
 
 Taking the lease, free or expired, is one exclusive create of the next generation's file
 (``create`` without overwrite): of two processes that both found generation 3 expired, only one
@@ -182,7 +182,7 @@ class LeaseRecord:
     started: str
     renewed_ms: int
     ttl_s: float
-    # None in a record written before they were recorded: such a holder is judged by host and pid alone.
+    # None in a record that names neither: such a holder is judged by host and pid alone.
     boot_id: str | None = None
     pid_namespace: str | None = None
 
@@ -552,7 +552,7 @@ def batch_thread_ended(query) -> bool:
 
 def _same_system(record: LeaseRecord) -> bool:
     """Whether ``record``'s pid names a process of this system: same host, boot and PID namespace. A record
-    that names no boot id or namespace (written before they were recorded) is judged by its host alone."""
+    that names no boot id or namespace is judged by its host alone."""
     host, boot_id, pid_namespace = system_identity()
     if record.host != host:
         return False

@@ -144,7 +144,7 @@ def record_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int, ta
 
 
 def recorded_sink_versions(spark: SparkSession, checkpoint: str, batch_id: int | None) -> dict[str, int]:
-    """{table: version} recorded after batch ``batch_id`` ({} when none was: no batch, or an older pipeline)."""
+    """{table: version} recorded after batch ``batch_id`` ({} when none was: no batch, or none kept)."""
     if batch_id is None:
         return {}
     text = files.read_text(spark, f"{checkpoint}/{SINK_VERSIONS}/{batch_id}")
