@@ -392,3 +392,21 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen
     assert "metrics: http://127.0.0.1:9108/metrics" in demo
     # On the S3 server the demo started (`s3-local start` prints where its credentials are).
     assert re.search(r"^credentials file: .*/\.demo/s3/credentials$", demo, re.MULTILINE), demo[-5000:]
+
+
+def prerequisites(readme: str) -> str:
+    """A README's one sentence of prerequisites, joined onto one line."""
+    found = re.search(r"Prerequisites: (.+?\.)(?:\s|$)", " ".join(readme.split()))
+    assert found, "no 'Prerequisites: ...' sentence"
+    return found.group(1)
+
+
+def test_the_generated_readme_states_the_templates_prerequisites_and_pyproject_agrees(cookies):
+    project = bake(cookies, {})
+    stated = prerequisites((TEMPLATE / "README.md").read_text())
+
+    assert prerequisites((project / "README.md").read_text()) == stated
+    low, high = re.search(r"python3` (3\.\d+) to (3\.\d+)", stated).groups()
+    requires = tomllib.loads((project / "pyproject.toml").read_text())["project"]["requires-python"]
+    newest = int(high.split(".")[1])
+    assert requires == f">={low},<3.{newest + 1}"
