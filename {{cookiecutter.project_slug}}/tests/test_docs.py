@@ -95,8 +95,8 @@ def test_the_runbook_explains_every_audit_finding_as_error_or_warning_and_no_oth
     declared = findings.keys(egresses)
     assert sorted(set(declared) - set(documented)) == [], "runbook.md: audit findings not explained"
     assert sorted(set(documented) - set(declared)) == [], "runbook.md: explains audit findings the audit never reports"
-    for key, finding in declared.items():
-        assert documented[key] == finding.is_warning, f"runbook.md: {key} is {'not ' * documented[key]}a warning"
+    for key, warning in declared.items():
+        assert documented[key] == warning, f"runbook.md: {key} is {'not ' * documented[key]}a warning"
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "{{ cookiecutter.package_name }}"
@@ -221,3 +221,50 @@ def test_configuration_md_documents_every_key_with_its_default_and_variable_and_
                 assert f"`{variable}`" in entry, f"configuration.md: [{table}] {key}: its variable {variable} not named"
         for key in entries:
             assert key in model.model_fields, f"configuration.md: [{table}] has no key {key}"
+
+
+PROJECT = DOCS.parent
+SCREEN = 120
+
+
+def test_no_readme_or_doc_line_is_wider_than_a_screen():
+    markdown = [PROJECT / "README.md", *DOCS.glob("*.md"), *PACKAGE.rglob("README.md")]
+    wide = [
+        f"{path.relative_to(PROJECT)}:{number} ({len(line)} characters)"
+        for path in markdown
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > SCREEN
+    ]
+    assert wide == [], f"lines wider than {SCREEN} characters"
+{%- if cookiecutter.include_github_actions == "yes" %}
+
+
+def test_the_ci_workflow_allows_twice_the_time_the_readme_gives_make_test_all():
+    readme = (PROJECT / "README.md").read_text()
+    minutes = int(re.search(r"\*\*`make test-all`\*\* \(about (\d+) minutes", readme).group(1))
+    workflow = (PROJECT / ".github" / "workflows" / "ci.yml").read_text()
+    assert re.search(r"timeout-minutes: (\d+)", workflow).group(1) == str(2 * minutes)
+{%- endif %}
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lowercase, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading_it_has():
+    markdown = [PROJECT / "README.md", *DOCS.glob("*.md"), *PACKAGE.rglob("README.md")]
+    broken = []
+    for path in markdown:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                broken.append(f"{path.relative_to(PROJECT)}: {target} (no such file)")
+            elif fragment and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+                if fragment not in {anchor(heading) for heading in headings}:
+                    broken.append(f"{path.relative_to(PROJECT)}: {target} (no such heading)")
+    assert broken == []

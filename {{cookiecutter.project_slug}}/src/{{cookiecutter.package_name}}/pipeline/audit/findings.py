@@ -2,14 +2,16 @@
 
 docs/runbook.md says what each means and the way out of it (tests/test_docs.py holds the two to each
 other). A key with ``{egress}`` in it stands for one key per egress the project runs, named by the
-egress's stream (``kafka_egress``, ``postgres_egress``); a key that starts with an egress's stream
-name belongs to that egress alone.
+egress's stream (``kafka_egress``, ``postgres_egress``). What an egress alone reports (its
+``audit_errors``) is declared in its module, as its ``FINDINGS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
+
+from ..egress import installed
 
 EGRESS = "{egress}"
 
@@ -35,8 +37,6 @@ class Finding(StrEnum):
     # gold -> each egress.
     EGRESS_NOT_AUDITED = f"{EGRESS}_not_audited_its_last_batch_ended_inside_a_gold_version"
     EGRESS_ROWS_NOT_MATCHING_GOLD = f"{EGRESS}_rows_not_matching_gold"
-    KAFKA_EGRESS_REPEATED_VERSIONS = "kafka_egress_records_repeating_a_gold_version"
-    POSTGRES_EGRESS_MARKERS_OF_OTHER_STREAMS = "postgres_egress_markers_of_other_streams"
     # Warnings: nothing in the lakehouse is wrong, but someone should know.
     NEWEST_RECORDS_MOSTLY_QUARANTINED = "newest_records_mostly_quarantined"
     KAFKA_OFFSETS_ACCEPTED_AS_LOST = "kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"
@@ -69,24 +69,24 @@ WARNINGS = frozenset(
 )
 
 
-def keys(egresses: Iterable[str]) -> dict[str, Finding]:
-    """Every key a report can hold in a project whose egresses are ``egresses`` (stream names), with its finding.
+def keys(egresses: Iterable[str]) -> dict[str, bool]:
+    """Every key a report can hold in a project whose egresses are ``egresses`` (stream names, each one
+    this project has), each with whether it is a warning.
 
     Example::
 
-        keys(["kafka_egress"])["kafka_egress_rows_not_matching_gold"]  # Finding.EGRESS_ROWS_NOT_MATCHING_GOLD
+        keys(["kafka_egress"])["kafka_egress_rows_not_matching_gold"]  # False: an error
     """
-    egresses = sorted(egresses)
-    found: dict[str, Finding] = {}
+    modules = installed()
+    unknown = sorted(set(egresses) - set(modules))
+    if unknown:
+        raise ValueError(f"egresses {unknown} are not egresses of this project ({sorted(modules)})")
+    found: dict[str, bool] = {}
     for finding in Finding:
         if EGRESS in finding.value:
-            found.update({finding.of(egress): finding for egress in egresses})
-        elif _owner(finding.value) in (None, *egresses):
-            found[finding.value] = finding
+            found.update({finding.of(egress): finding.is_warning for egress in egresses})
+        else:
+            found[finding.value] = finding.is_warning
+    for egress in egresses:
+        found.update(dict.fromkeys(modules[egress].FINDINGS, False))
     return found
-
-
-def _owner(key: str) -> str | None:
-    """The egress a key belongs to alone, by its stream name (``kafka_egress_...``), or None."""
-    head, egress, _ = key.partition("_egress_")
-    return f"{head}_egress" if egress and "_" not in head else None

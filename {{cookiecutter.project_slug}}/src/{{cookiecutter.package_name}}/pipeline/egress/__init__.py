@@ -45,6 +45,7 @@ class Egress(Protocol):
     SECTION: str  # its config table, "egress_<name>"
     STREAM: str  # its stream's name, "<name>_egress"
     Settings: type[Section]  # the model of its table; env_prefix EGRESS_<NAME>_
+    FINDINGS: tuple[str, ...]  # the keys of what audit_errors counts (docs/runbook.md explains each)
 
     def check_connection(self, config: Config) -> None: ...
 

@@ -50,7 +50,6 @@ from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..audit.findings import Finding
 from ..config import Config, ConfigError, Section, TopicName
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, gold_schema
@@ -67,6 +66,9 @@ log = logging.getLogger(__name__)
 
 SECTION = "egress_kafka"
 STREAM = "kafka_egress"
+# What the audit counts in the topic besides its fold (audit_errors).
+REPEATED_VERSIONS = f"{STREAM}_records_repeating_a_gold_version"
+FINDINGS = (REPEATED_VERSIONS,)
 # Every record's header naming the stream id that published it (bytes of the id's text).
 STREAM_ID_HEADER = "lakehouse-stream-id"
 # The broker's default transaction.max.timeout.ms is 15 minutes.
@@ -527,7 +529,7 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
     published twice (a new stream id, after a reset, publishes gold's current rows again as a new changelog)."""
     changelog = committed_changelog(spark, config).where(F.col("value").isNotNull())
     repeated = changelog.groupBy("stream_id", "key", GOLD_VERSION).count()
-    return {Finding.KAFKA_EGRESS_REPEATED_VERSIONS: repeated.where("count > 1").count()}
+    return {REPEATED_VERSIONS: repeated.where("count > 1").count()}
 
 
 def check_connection(config: Config) -> None:

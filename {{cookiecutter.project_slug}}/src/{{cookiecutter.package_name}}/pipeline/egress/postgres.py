@@ -25,7 +25,6 @@ from pydantic_settings import SettingsConfigDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..audit.findings import Finding
 from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
 from ..contract import EVENTS, Contract
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
@@ -39,6 +38,9 @@ from .changes import DELETED, GOLD_VERSION, check_changes_readable, gold_changes
 
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
+# What the audit counts in the marker table besides the rows (audit_errors).
+MARKERS_OF_OTHER_STREAMS = f"{STREAM}_markers_of_other_streams"
+FINDINGS = (MARKERS_OF_OTHER_STREAMS,)
 LOCAL_DSN = "local"  # the server of `postgres-local start`; the command line resolves it
 MARKER, STAGING, KEY, STAGING_KEY = "_egress_batches", "_egress_staging", "_gold_key", "_egress_staging_key"
 TABLES, CONSTRAINTS = {"table": "", "marker": MARKER, "staging": STAGING}, {"unique": KEY, "staged_key": STAGING_KEY}
@@ -514,7 +516,7 @@ def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
         audit_errors(spark, config)  # {"postgres_egress_markers_of_other_streams": 0}
     """
     [(markers,)] = _read(config, EVENTS, "SELECT count(*) FROM {marker}") or [(0,)]
-    return {Finding.POSTGRES_EGRESS_MARKERS_OF_OTHER_STREAMS: max(markers - 1, 0)}
+    return {MARKERS_OF_OTHER_STREAMS: max(markers - 1, 0)}
 
 
 def settings(config: Config) -> PostgresEgressSettings:
