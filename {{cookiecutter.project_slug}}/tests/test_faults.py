@@ -631,6 +631,9 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(s
 
 
 @pytest.mark.faults
+# Compiling every query of every batch: about 10 minutes on a busy 2-core machine, so more than
+# the suite's 900 s a test.
+@pytest.mark.timeout(1800)
 def test_a_compiled_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(
     spark, config, tmp_path, monkeypatch
 ):

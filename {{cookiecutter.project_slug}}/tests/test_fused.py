@@ -13,9 +13,12 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline import fused
+from {{ cookiecutter.package_name }}.pipeline.config import Mode
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import CRASH_POINT_VAR, FUSED_POINTS
+from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 
 
 def pipeline(config, **extra: str) -> subprocess.CompletedProcess:
@@ -47,6 +50,52 @@ def delete_every_record(config, topic: str) -> None:
         future.result(timeout=30)
 
 
+def assert_every_record_once(spark, config, committed: dict, prefix: str) -> None:
+    """Bronze, silver + quarantine and gold against what Kafka held, with none of the pipeline's code."""
+    lakehouse = Lakehouse(config.lakehouse_root)
+
+    def rows(name: str):
+        return spark.read.format("delta").load(lakehouse.table(name))
+
+    def coordinates(name: str) -> list[tuple]:
+        return sorted(tuple(row) for row in rows(name).select("topic", "partition", "offset").collect())
+
+    assert coordinates(BRONZE) == sorted(committed)
+    assert sorted(coordinates(SILVER) + coordinates(QUARANTINE)) == sorted(committed)
+    events = [json.loads(value) for value in committed.values() if value and value.startswith(prefix.encode())]
+    valid = [event for event in events if isinstance(event.get("amount"), float) and "T" in event["event_time"]]
+    assert len(coordinates(SILVER)) == len(valid) and 0 < len(valid) < len(committed)
+    counted = rows(GOLD).groupBy("event_type").agg(F.sum("event_count").alias("n")).collect()
+    assert {row.event_type: row.n for row in counted} == Counter(event["event_type"] for event in valid)
+
+
+@pytest.mark.faults
+def test_a_fused_batch_whose_kafka_records_go_after_bronze_committed_writes_every_table_from_bronze(
+    spark, config, kafka_oracle, monkeypatch
+):
+    """With ``kafka.fail_on_data_loss = false`` Spark reads a range Kafka removed records from as the
+    records left, without a word. Right after bronze's commit Kafka deletes the batch's records and
+    every cached block goes, as when an executor is lost: the other tables still hold the whole batch."""
+    records = list(sample_records(60, 43, 0.1, prefix="f43"))
+    produce(client_config(config), config.kafka.topics[0], records, transaction_size=20)
+    committed = kafka_oracle(config, list(config.kafka.topics))
+    kafka = config.kafka.model_copy(update={"fail_on_data_loss": False})
+    lossy = config.model_copy(update={"mode": Mode.FUSED, "kafka": kafka})
+    assert fused.reads_bronze_back(lossy) and not fused.reads_bronze_back(config)
+    reached = fused.reach
+
+    def then_kafka_loses_the_batch(stream: str, point: str, batch_id: int) -> None:
+        reached(stream, point, batch_id)
+        if point == FUSED_POINTS[0]:
+            delete_every_record(config, config.kafka.topics[0])
+            spark.catalog.clearCache()
+
+    monkeypatch.setattr(fused, "reach", then_kafka_loses_the_batch)
+    run_available_now(spark, lossy)
+
+    assert_every_record_once(spark, config, committed, '{"event_id": "f43')
+
+
 @pytest.mark.faults
 @pytest.mark.storage
 def test_a_fused_batch_replayed_after_bronze_committed_is_rebuilt_from_bronze_not_from_what_kafka_still_holds(
@@ -66,18 +115,4 @@ def test_a_fused_batch_replayed_after_bronze_committed_is_rebuilt_from_bronze_no
     assert recovered.returncode == 0, recovered.stderr[-3000:]
 
     # Judged against what Kafka held before, with none of the pipeline's code.
-    lakehouse = Lakehouse(config.lakehouse_root)
-
-    def rows(name: str):
-        return spark.read.format("delta").load(lakehouse.table(name))
-
-    def coordinates(name: str) -> list[tuple]:
-        return sorted(tuple(row) for row in rows(name).select("topic", "partition", "offset").collect())
-
-    assert coordinates(BRONZE) == sorted(committed)
-    assert sorted(coordinates(SILVER) + coordinates(QUARANTINE)) == sorted(committed)
-    events = [json.loads(value) for value in committed.values() if value and value.startswith(b'{"event_id": "f41')]
-    valid = [event for event in events if isinstance(event.get("amount"), float) and "T" in event["event_time"]]
-    assert len(coordinates(SILVER)) == len(valid) and 0 < len(valid) < len(committed)
-    counted = rows(GOLD).groupBy("event_type").agg(F.sum("event_count").alias("n")).collect()
-    assert {row.event_type: row.n for row in counted} == Counter(event["event_type"] for event in valid)
+    assert_every_record_once(spark, config, committed, '{"event_id": "f41')

@@ -83,6 +83,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
 from pyspark.sql.functions import col, expr, get_json_object, input_file_name
 from pyspark.sql.functions import max as max_
 
@@ -134,6 +135,12 @@ WEIGHTS = {
 RUN = "{run}"
 STREAMS = ("bronze", "silver", "gold")
 FUSED_STREAM = "fused"
+# A copy of a file that changed while it was read (S3: a GET's If-Match on the ETag its HEAD gave) is
+# taken again, this many times at most.
+COPY_ATTEMPTS = 5
+CHANGED_WHILE_READ = re.compile(
+    r"RemoteFileChangedException|pre-conditions you specified did not hold|Status Code: 412"
+)
 TABLES = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}
 # Every process of the run holds its stream's lease this long without renewal: short, so that a
 # frozen process loses it within the run, long enough that a busy machine renews in time.
@@ -1367,7 +1374,20 @@ class Nemesis:
         hadoop_path = java_class(self.spark, "org.apache.hadoop.fs.Path")
         for status in source_fs.listStatus(source_path):
             child = hadoop_path(target_path, status.getPath().getName())
-            util.copy(source_fs, status.getPath(), target_fs, child, False, self.spark._jsc.hadoopConfiguration())
+            for attempt in range(COPY_ATTEMPTS):
+                try:
+                    util.copy(
+                        source_fs, status.getPath(), target_fs, child, False, self.spark._jsc.hadoopConfiguration()
+                    )
+                    break
+                except Py4JJavaError as error:
+                    # The file changed between the store's answer to its HEAD and to its GET (S3's 412,
+                    # which S3A's change detection asks for): a copy of a running stream's files, taken
+                    # again as an operator's backup tool would.
+                    if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
+                        raise
+                    target_fs.delete(child, True)
+                    time.sleep(1)
         if self.committed_batches(source) != self.committed_batches(target):
             raise RuntimeError(f"copying {source} to {target} did not copy its commit log")
         return True

@@ -16,7 +16,13 @@ What keeps a replayed batch exact, table by table:
 * the batch's records: a replay of a batch bronze holds reads them back from bronze's commit of it
   (``rows_of_commit``), never from Kafka again, which may have removed part of the batch's offsets
   since (retention, a compacted topic's cleaner); a batch bronze does not hold yet reads Kafka, and
-  the retention check at the start covers its range;
+  the retention check at the start covers its range. Inside a batch the Kafka rows are cached for
+  every table's write, and a cached block an executor takes with it is read from Kafka again. Where
+  Kafka may then answer with less and Spark goes on (``kafka.fail_on_data_loss = false``, or a topic
+  in ``kafka.compacted_topics``, whose cleaner leaves gaps Spark never reports), bronze commits
+  first and the other tables read the batch back from that commit (``reads_bronze_back``): one
+  more job a batch, and no table can hold less of the batch than bronze. Otherwise Spark fails the
+  batch on a missing offset, and its replay reads bronze's commit;
 * bronze: the tagged append of bronze's own stream;
 * silver: the batch's valid records that silver does not hold yet (a Kafka batch holds each record
   once), appended under the tag; quarantine: silver's own insert of new Kafka records;
@@ -190,6 +196,19 @@ def rows_new_to_silver(valid: DataFrame, path: str, ranges: list, app_id: str | 
     return valid.join(held, KAFKA_KEY_COLUMNS, "left_anti")
 
 
+def reads_bronze_back(config: Config) -> bool:
+    """Whether a fused batch commits bronze first and reads its records back from that commit: when Kafka
+    may answer a read of the batch again with fewer records and Spark goes on without a word.
+
+    Example::
+
+        reads_bronze_back(config)  # False with kafka.fail_on_data_loss and no compacted topics
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    return not config.kafka.fail_on_data_loss or bool(config.kafka.compacted_topics)
+
+
 def stream_writer(
     spark: SparkSession,
     config: Config,
@@ -210,6 +229,7 @@ def stream_writer(
     # the only one whose rows are looked for there, and no other batch pays for the look.
     planned = checkpoints.last_planned_batch(spark, checkpoint)
     replayed = planned if planned != checkpoints.last_committed_batch(spark, checkpoint) else None
+    serial = reads_bronze_back(config)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         session = rows.sparkSession  # the stream's own session, cloned at its start
@@ -217,15 +237,9 @@ def stream_writer(
         from_kafka = ingest.identified(rows, batch_id)
         # A replay of a batch bronze holds reads bronze's rows of it, never Kafka again.
         committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id) if batch_id == replayed else None
-        # Cached: the first job to read a partition (bronze's append, or the key ranges' job
-        # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
-        identified = (from_kafka if committed is None else committed).persist()
-        parsed = parse_events(identified, contract).persist()
-        cached, beside = [identified, parsed], []
+        cached, beside = [], []
 
-        def write_bronze() -> None:
-            if committed is not None:
-                return  # bronze holds the batch already: its rows are the ones read back
+        def write_bronze(identified: DataFrame) -> None:
             check_held(lakehouse, STREAM)
             append_idempotent(identified, paths[BRONZE], app_id, batch_id)
             reach(STREAM, AFTER_BRONZE, batch_id)
@@ -238,7 +252,17 @@ def stream_writer(
 
         try:
             with crash_points(session, STREAM, batch_id):
-                beside.append(Beside(write_bronze, f"{STREAM}-bronze"))
+                if committed is None and serial and app_id is not None:
+                    # Bronze first, then every other table from its commit (reads_bronze_back).
+                    write_bronze(from_kafka)
+                    committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id)
+                # Cached: the first job to read a partition (bronze's append, or the key ranges' job
+                # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
+                identified = (from_kafka if committed is None else committed).persist()
+                parsed = parse_events(identified, contract).persist()
+                cached += [identified, parsed]
+                if committed is None:  # else bronze holds the batch already: its rows are the ones read back
+                    beside.append(Beside(partial(write_bronze, identified), f"{STREAM}-bronze"))
                 ranges, rejected, records = ranges_and_quarantine_share(parsed, STREAM, batch_id)
                 added = None
                 if rejected < records:
