@@ -12,13 +12,13 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
-from {{ cookiecutter.package_name }}.pipeline import s3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.spark import DRIVER_JAVA_OPTIONS, build_spark, java_class
+from {{ cookiecutter.package_name }}.pipeline.session import s3
+from {{ cookiecutter.package_name }}.pipeline.session.spark import DRIVER_JAVA_OPTIONS, build_spark, java_class
 
 STORAGES = ("local", "s3")
 
@@ -37,7 +37,7 @@ def pytest_configure(config):
     # each one (spark.sql.codegen.factoryMode, read by every driver from its system properties;
     # Spark's own suites run both modes to the same results): a cold bronze, silver and gold run
     # takes about a fifth less CPU. In production each stream interprets its small batches and
-    # compiles its large ones (pipeline/codegen.py); a driver started interpreted stays so.
+    # compiles its large ones (pipeline/session/codegen.py); a driver started interpreted stays so.
     # JVMs print "Picked up JAVA_TOOL_OPTIONS" on stderr; no test reads a JVM's first line.
     os.environ.setdefault(
         "JAVA_TOOL_OPTIONS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from {{ cookiecutter.package_name }}.pipeline.bronze import offsets_spanned
-from {{ cookiecutter.package_name }}.pipeline.codegen import (
+from {{ cookiecutter.package_name }}.pipeline.session.codegen import (
     FACTORY_MODE,
     INTERPRETED,
     SMALL_KAFKA_BATCH,

@@ -37,7 +37,6 @@ from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, compiled_
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
-from {{ cookiecutter.package_name }}.pipeline.codegen import FACTORY_MODE, INTERPRETED
 from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
@@ -52,6 +51,7 @@ from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import (
     FUSED_POINTS,
     POINTS,
 )
+from {{ cookiecutter.package_name }}.pipeline.session.codegen import FACTORY_MODE, INTERPRETED
 from {{ cookiecutter.package_name }}.pipeline.streams import reset_fused, run_available_now, switch_mode
 
 # A short schedule for the suite; `nemesis --actions 100` is the long run (see docs/runbook.md).
@@ -112,7 +112,7 @@ def compiled_env(env: dict, event_logs: Path) -> dict:
     """``env`` for a pipeline process that compiles every query, as production does its large batches.
 
     The suite's JVMs start interpreted (conftest.py), and a stream interprets its small batches anyway
-    (pipeline/codegen.py): started compiled-only, a driver compiles a batch of a few records too, and
+    (pipeline/session/codegen.py): started compiled-only, a driver compiles a batch of a few records too, and
     fails rather than interpret. Spark's event log (in ``event_logs``) records the plans it ran.
     """
     return {**env, "JAVA_TOOL_OPTIONS": compiled_java_options(logged_java_options(env, event_logs))}

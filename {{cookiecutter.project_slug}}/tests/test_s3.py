@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
-from {{ cookiecutter.package_name }}.pipeline.s3 import LOG_STORE_JAR, read_credentials_file
+from {{ cookiecutter.package_name }}.pipeline.session.s3 import LOG_STORE_JAR, read_credentials_file
 
 # One worker runs this file (make test uses two), beside the session's S3 server.
 pytestmark = pytest.mark.xdist_group("s3")
@@ -44,7 +44,7 @@ def test_the_session_ships_executors_every_package_jar_and_none_spark_already_ha
     # Ivy names a jar <group>_<artifact>-<version>.jar; pyspark's own are <artifact>-<version>.jar.
     spark_jars = {jar.name.rpartition("-")[0] for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     duplicates = [jar for jar in shipped if "_" in jar and jar.partition("_")[2].rpartition("-")[0] in spark_jars]
-    assert duplicates == [], "add these to pipeline.spark.PROVIDED_BY_SPARK: Spark has its own"
+    assert duplicates == [], "add these to pipeline.session.spark.PROVIDED_BY_SPARK: Spark has its own"
 
 
 @pytest.mark.parametrize("wrong", ["secret", "bucket", "endpoint", "server"])

@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.devtools.s3_local import (
     running_endpoint,
 )
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
-from {{ cookiecutter.package_name }}.pipeline.s3 import read_credentials_file, s3_request
+from {{ cookiecutter.package_name }}.pipeline.session.s3 import read_credentials_file, s3_request
 
 # One worker runs this file (make test uses two): its module server starts once.
 pytestmark = pytest.mark.xdist_group("s3_local")

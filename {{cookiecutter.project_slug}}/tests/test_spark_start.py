@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.package_name }}.pipeline.class_archive import write_archive
-from {{ cookiecutter.package_name }}.pipeline.spark import (
+from {{ cookiecutter.package_name }}.pipeline.session.class_archive import write_archive
+from {{ cookiecutter.package_name }}.pipeline.session.spark import (
     DRIVER_JAVA_OPTIONS,
     KAFKA_CONNECTOR,
     archive_dir,
@@ -34,7 +34,7 @@ def test_a_driver_loads_sparks_classes_from_the_archive_that_setup_writes(tmp_pa
     classes = tmp_path / "classes.log"
     child = """
 import sys
-from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+from {{ cookiecutter.package_name }}.pipeline.session.spark import build_spark
 spark = build_spark("archive-check", extra_conf=dict([sys.argv[1:3]]))
 assert spark.range(3).count() == 3
 """
@@ -89,7 +89,7 @@ def test_the_archive_adds_to_the_drivers_own_options_and_defers_to_a_chosen_one(
 def test_a_second_start_takes_the_jars_the_first_resolved_and_runs_no_ivy(tmp_path):
     child = """
 import sys
-from {{ cookiecutter.package_name }}.pipeline.spark import build_spark
+from {{ cookiecutter.package_name }}.pipeline.session.spark import build_spark
 spark = build_spark("jars-check")
 spark.range(3).write.format("delta").save(sys.argv[1])
 assert spark.read.format("delta").load(sys.argv[1]).count() == 3

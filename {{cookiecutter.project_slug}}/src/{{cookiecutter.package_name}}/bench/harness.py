@@ -205,7 +205,7 @@ class Bench:
 
         from ..devtools.kafka_local import LocalKafka
         from ..devtools.s3_local import LocalS3
-        from ..pipeline.spark import build_spark
+        from ..pipeline.session.spark import build_spark
 
         kafka = self.base_config.kafka
         if kafka.bootstrap_servers == LOCAL_BOOTSTRAP:
@@ -255,7 +255,7 @@ class Bench:
         lakehouse then goes to a bucket of its own, set up by ``_s3_in_running_session``.
         """
         from ..devtools.s3_local import BUCKET, REGION
-        from ..pipeline import s3
+        from ..pipeline.session import s3
 
         bucket = BUCKET
         if not self.own_spark:
@@ -287,15 +287,15 @@ class Bench:
         configuration, which Spark writes to event logs). S3A and the log store must be there from its start.
         """
         from ..devtools.s3_local import REGION
-        from ..pipeline import s3
+        from ..pipeline.session import s3
 
         conf = self.spark.sparkContext.getConf()
-        # As packages, or as the jar files an earlier start resolved them to (pipeline/spark.py).
+        # As packages, or as the jar files an earlier start resolved them to (pipeline/session/spark.py).
         jars = f"{conf.get('spark.jars.packages') or ''},{conf.get('spark.jars') or ''}"
         if "hadoop-aws" not in jars or conf.get("spark.delta.logStore.s3a.impl") != s3.LOG_STORE_CLASS:
             raise RuntimeError(
                 "the running SparkSession was started without S3A and the S3 log store: start it with "
-                "pipeline.s3.connector_options (as tests/conftest.py does), or let the bench start its own"
+                "pipeline.session.s3.connector_options (as tests/conftest.py does), or let the bench start its own"
             )
         bucket, _ = s3.bucket_and_prefix(self.s3_root)
         access_key, secret_key = s3.read_credentials_file(self.s3_server.credentials_file)

@@ -219,7 +219,7 @@ def peer_jars(spark) -> list[str]:
 
         peer_jars(bench.spark)  # ["/root/.ivy2.5.2/jars/io.delta_delta-spark_4.2_2.13-4.4.0.jar", ...]
     """
-    from ..pipeline.spark import JARS, java_class
+    from ..pipeline.session.spark import JARS, java_class
 
     package = Path(__file__).resolve().parents[1]
     listed = java_class(spark, "java.lang.System").getProperty(JARS) or ""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..pipeline.config import duration_seconds
 from ..pipeline.egress import installed_names
-from ..pipeline.spark import java_class
+from ..pipeline.session.spark import java_class
 from . import sdp
 
 RESULTS_FILE = "bench.json"

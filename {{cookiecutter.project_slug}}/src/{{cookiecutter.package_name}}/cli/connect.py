@@ -50,10 +50,10 @@ def spark_session(config: Config, app: str):
     """The Spark session of a command, quiet: Spark's own INFO lines would bury the command's output.
 
     A lakehouse on S3 is probed first (a wrong endpoint, bucket or credential exits 2 naming it) and
-    brings its connector and log store (``pipeline/s3.py``).
+    brings its connector and log store (``pipeline/session/s3.py``).
     """
-    from ..pipeline import s3
-    from ..pipeline.spark import build_spark
+    from ..pipeline.session import s3
+    from ..pipeline.session.spark import build_spark
 
     config = resolve_local_s3(config)
     s3.prepare(config)

@@ -228,7 +228,7 @@ def chaos_lakehouse(configured_root: str, workdir: Path, run: str) -> str:
     (``s3a://lake/clickstream`` gives ``s3a://lake/clickstream-chaos/<run>``), so that the run exercises
     the store the pipeline runs on.
     """
-    from ..pipeline.s3 import SCHEME, bucket_and_prefix, is_s3
+    from ..pipeline.session.s3 import SCHEME, bucket_and_prefix, is_s3
 
     if not is_s3(configured_root):
         return str(workdir / "lakehouse")
@@ -246,9 +246,9 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
 def setup(config: Config, args: argparse.Namespace) -> int:
     from ..devtools.kafka_local import resolve_broker_jars
-    from ..pipeline import s3
-    from ..pipeline.class_archive import write_archive
-    from ..pipeline.spark import archive_path, build_spark
+    from ..pipeline.session import s3
+    from ..pipeline.session.class_archive import write_archive
+    from ..pipeline.session.spark import archive_path, build_spark
 
     jars = download_with_retries("Kafka broker jars", resolve_broker_jars)
     print(f"Kafka broker: {len(jars)} jars cached")

@@ -31,7 +31,7 @@ def uses_local_broker(config: Config) -> bool:
 
 def uses_local_s3(config: Config) -> bool:
     """The lakehouse is on S3 and the config names the development server (endpoint "local")."""
-    from ..pipeline.s3 import is_s3
+    from ..pipeline.session.s3 import is_s3
 
     return config.s3.endpoint == LOCAL_ENDPOINT and is_s3(config.lakehouse_root)
 

@@ -188,7 +188,7 @@ def storage_env(config) -> dict[str, str]:
 
     The resolved settings, not "local": the runner may have started a server of its own.
     """
-    from ..pipeline.s3 import is_s3
+    from ..pipeline.session.s3 import is_s3
 
     if not is_s3(config.lakehouse_root):
         return {}
@@ -391,9 +391,9 @@ def run_chaos(
     ``running_window_s`` after the run's first finished batch, whatever its start-up took (more
     than 20 seconds on S3 under load), so that it lands inside a batch or between two.
     """
-    from ..pipeline import s3
     from ..pipeline.kafka.clients import bootstrap_servers, client_config
-    from ..pipeline.spark import build_spark
+    from ..pipeline.session import s3
+    from ..pipeline.session.spark import build_spark
 
     rng = random.Random(seed)
     run = f"chaos{seed}-{uuid.uuid4().hex[:6]}"

@@ -87,10 +87,10 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql.functions import col, expr, get_json_object, input_file_name
 from pyspark.sql.functions import max as max_
 
-from ..pipeline.codegen import COMPILED, FACTORY_MODE
 from ..pipeline.config import Mode
 from ..pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
-from ..pipeline.spark import java_class
+from ..pipeline.session.codegen import COMPILED, FACTORY_MODE
+from ..pipeline.session.spark import java_class
 from .chaos import (
     ABORT_EVERY,
     BATCH_DONE,
@@ -470,10 +470,10 @@ class Nemesis:
         schedule_file: Path | None = None,
         compiled: bool = False,
     ):
-        from ..pipeline import s3
         from ..pipeline.egress import settings_of
         from ..pipeline.kafka.clients import bootstrap_servers, client_config
-        from ..pipeline.spark import build_spark
+        from ..pipeline.session import s3
+        from ..pipeline.session.spark import build_spark
 
         self.config = config
         # Which action comes next, and how each action plays out, from two streams of the same seed: a

@@ -33,7 +33,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..pipeline.s3 import read_credentials_file, s3_request
+from ..pipeline.session.s3 import read_credentials_file, s3_request
 from .kafka_local import pick_ports
 from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, terminate
 

@@ -25,7 +25,6 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import evaluate_for_kafka_batch
 from .config import Config
 from .delta import files
 from .delta.tables import (
@@ -47,6 +46,7 @@ from .recovery.crash_points import crash_points
 from .recovery.lease import check_held
 from .recovery.sink_progress import read_sink_progress
 from .refusals import Refusal
+from .session.codegen import evaluate_for_kafka_batch
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class KafkaIngest:
         return None if previous is None or end is None else offsets_spanned(previous, end)
 
     def evaluate_for_batch(self, rows: DataFrame, batch_id: int) -> None:
-        """Interpret or compile the expressions of the batch's queries, by its planned records (``codegen.py``)."""
+        """Interpret or compile the expressions of the batch's queries, by its planned records (``session/codegen.py``)."""
         evaluate_for_kafka_batch(rows.sparkSession, self.planned_records(rows.sparkSession, batch_id))
 
 

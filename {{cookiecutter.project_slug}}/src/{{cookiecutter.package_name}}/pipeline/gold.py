@@ -24,7 +24,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import SMALL_SILVER_BATCH, evaluate_for_delta_batch
 from .config import Config, duration_seconds
 from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
@@ -36,6 +35,7 @@ from .recovery.lease import check_held
 from .recovery.rebuild import source_stream
 from .recovery.sink_progress import record_sink_versions
 from .refusals import Refusal
+from .session.codegen import SMALL_SILVER_BATCH, evaluate_for_delta_batch
 
 WINDOW_PROPERTY = "lakehouse.gold.window"
 # The gold stream's name (its checkpoint, its identity property); GOLD is its table's.

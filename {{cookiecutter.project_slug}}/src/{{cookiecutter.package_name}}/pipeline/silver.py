@@ -22,7 +22,6 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .codegen import SMALL_BRONZE_BATCH, evaluate_for_delta_batch
 from .contract import (
     EVENT_TIME_RANGE,
     EVENTS,
@@ -44,6 +43,7 @@ from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
 from .recovery.lease import check_held
 from .recovery.rebuild import source_stream
 from .recovery.sink_progress import record_sink_versions
+from .session.codegen import SMALL_BRONZE_BATCH, evaluate_for_delta_batch
 
 # The sample contract demands an explicit offset: a bare local time is ambiguous.
 ISO_8601_WITH_OFFSET = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"

@@ -16,7 +16,7 @@ import uuid
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from ..spark import java_class
+from ..session.spark import java_class
 
 # S3A's createFile option (HADOOP-19256, Hadoop 3.4.2+) that makes an upload a put-if-absent.
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"

@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 
 from ..contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
 from ..refusals import Refusal
-from ..spark import java_class
+from ..session.spark import java_class
 from . import files
 
 BRONZE = "bronze_events"

@@ -78,7 +78,7 @@ from ..delta import files
 from ..delta.tables import Lakehouse
 from ..monitoring import report_lease
 from ..refusals import Refusal
-from ..spark import java_class
+from ..session.spark import java_class
 from .checkpoints import CheckpointError
 
 log = logging.getLogger(__name__)

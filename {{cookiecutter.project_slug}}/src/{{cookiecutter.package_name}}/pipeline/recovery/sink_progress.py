@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import latest_snapshot, table_has_rows
-from ..spark import java_class
+from ..session.spark import java_class
 
 IDENTITY_PROPERTY = "lakehouse.stream.%s.id"
 # Set on a stream's tables while a reset rebuilds them (rebuild.py): a start that finds it refuses.

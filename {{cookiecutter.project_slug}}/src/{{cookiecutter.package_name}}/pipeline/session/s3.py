@@ -41,11 +41,13 @@ from pathlib import Path
 
 import pyspark
 
-from .config import LOCAL_ENDPOINT, Config, ConfigError, S3Section
+from ..config import LOCAL_ENDPOINT, Config, ConfigError, S3Section
 
 SCHEME = "s3a://"
 # The Java class of jvm/ and the jar `make install` builds from it (see jvm/pom.xml).
-LOG_STORE_CLASS = f"{__package__.rpartition('.')[0]}.storage.S3ConditionalPutLogStore"
+# The project's top package: the log store's Java package and its jar are named after it.
+PROJECT_PACKAGE = __package__.split(".")[0]
+LOG_STORE_CLASS = f"{PROJECT_PACKAGE}.storage.S3ConditionalPutLogStore"
 LOG_STORE_JAR = "s3-conditional-log-store.jar"
 PROBE_TIMEOUT_S = 10.0
 # The AWS SDK v2 version hadoop-aws 3.5.0 is built against (its pom's software.amazon.awssdk:bundle):
@@ -88,7 +90,7 @@ def hadoop_aws_package() -> str:
 
 def log_store_jar() -> Path:
     """Where `make install` puts the conditional-write log store's jar (it may not be built yet)."""
-    return Path(str(resources.files(__package__.rpartition(".")[0]) / "jars" / LOG_STORE_JAR))
+    return Path(str(resources.files(PROJECT_PACKAGE) / "jars" / LOG_STORE_JAR))
 
 
 def connector_options() -> tuple[list[str], dict[str, str]]:
