@@ -14,7 +14,15 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from {{ cookiecutter.package_name }}.bench import METRIC_KEYS, PLOT_FILE, QUICK_SIZES, RESULTS_FILE, run_bench, sdp
+from {{ cookiecutter.package_name }}.bench import (
+    FIGURES_FILE,
+    METRIC_KEYS,
+    PLOT_FILE,
+    QUICK_SIZES,
+    RESULTS_FILE,
+    run_bench,
+    sdp,
+)
 from {{ cookiecutter.package_name }}.bench.latency import KEPT_UP, latency_trend
 from {{ cookiecutter.package_name }}.bench.peer import (
     FLOWS_FILE,
@@ -37,6 +45,7 @@ from {{ cookiecutter.package_name }}.bench.report import (
     TARGETS,
     Goal,
     Metric,
+    figures_markdown,
     format_goals,
     goal_outcomes,
     previous_figures,
@@ -86,6 +95,8 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
 
     written = json.loads((output / RESULTS_FILE).read_text())
     assert written["metrics"] == json.loads(json.dumps(results["metrics"]))
+    # Beside it, the figures as docs/benchmarks.md shows them, made from what bench.json holds.
+    assert (output / FIGURES_FILE).read_text() == figures_markdown(written)
     assert {"mode", "machine", "sizes", "metrics", "details"} <= written.keys()
     for key in ("cores", "memory_gb", "cpu_model", "spark", "delta", "java"):
         assert written["machine"][key], key
@@ -195,6 +206,70 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         assert plot.stat().st_size > 0
     else:
         assert not plot.exists()
+
+
+def test_a_runs_figures_in_markdown_list_every_metric_with_its_target_and_fit_a_screen():
+    machine = {
+        "cores": 2,
+        "memory_gb": 23.5,
+        "cpu_model": "AMD EPYC 7B13",
+        "java": "17.0.15",
+        "python": "3.11.7",
+        "spark": "4.2.0",
+        "delta": "4.4.0",
+        "kafka_local_broker": "4.4.0",
+        "spark_master": "local[2]",
+        "load_average_start": [0.4, 0.3, 0.2],
+    }
+    metrics = [
+        {
+            "key": "bronze",
+            "name": "Kafka -> bronze Delta",
+            "value": 69312.4,
+            "unit": "records/s",
+            "target": None,
+            "met": None,
+        },
+        {
+            "key": "bronze_vs_source",
+            "name": "bronze / source ceiling",
+            "value": 0.1894,
+            "unit": "ratio",
+            "target": ">= 0.5",
+            "met": False,
+        },
+        {
+            "key": "fused_one_ms",
+            "name": "fused one-record batch",
+            "value": 2580.2,
+            "unit": "ms",
+            "target": None,
+            "met": None,
+        },
+        {"key": "latency_p95_s", "name": "latency p95", "value": 18.54, "unit": "s", "target": "<= 20", "met": True},
+    ]
+    results = {
+        "mode": "default",
+        "duration_s": 1539.2,
+        "started_at": "2026-11-29T10:00:00Z",
+        "machine": machine,
+        "metrics": metrics,
+    }
+
+    text = figures_markdown(results)
+
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == [
+        "| Kafka -> bronze Delta | 69,312 records/s |  |  |",
+        "| bronze / source ceiling | 0.19 | >= 0.5 | no |",
+        "| fused one-record batch | 2,580 ms |  |  |",
+        "| latency p95 | 18.54 s | <= 20 | yes |",
+    ]
+    assert "A default run (1,539 s), started 2026-11-29T10:00:00Z: 2 cores, 23.5 GB" in " ".join(text.split())
+    assert "0.4/0.3/0.2 at the start, ? at the end" in " ".join(text.split())
+    assert max(len(line) for line in text.splitlines()) <= 120
+    with pytest.raises(ValueError, match="bench run's results"):
+        figures_markdown({"metrics": []})
 
 
 def test_a_goal_is_met_only_when_every_figure_of_it_meets_its_target_and_is_left_out_when_unmeasured():

@@ -632,21 +632,40 @@ def test_a_commit_that_times_out_is_resolved_through_the_marker(
         egress.close()
 
 
-def test_a_batch_right_after_a_broker_restart_fails_unpublished_and_the_next_start_publishes_it_once(
-    spark, config, kafka_broker, kafka_bootstrap, tmp_path
-):
+class FirstBatch(NamedTuple):
+    """An egress on a fresh output topic that published gold's first version (3 rows) as batch 0, and
+    gold's next change (one window's count + 10), for batch 1."""
+
+    out: str
+    config: object
+    gold: str
+    sid: str
+    egress: KafkaEgress
+    changes: object
+
+
+def after_a_first_batch(spark, config, kafka_bootstrap, tmp_path) -> FirstBatch:
     out = output_topic(kafka_bootstrap)
     config = with_egress(config, out)
     gold = str(tmp_path / "gold")
     tiny_gold(spark, gold)
     sid = str(uuid.uuid4())
     egress = KafkaEgress(config, settings(config), sid)
-    restarted = None
     try:
         assert egress.publish(change_feed(spark, gold, 0), batch_id=0) == 3
         DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
-        changes = change_feed(spark, gold, 2)
+    except BaseException:
+        egress.close(timeout_s=0)
+        raise
+    return FirstBatch(out, config, gold, sid, egress, change_feed(spark, gold, 2))
 
+
+def test_a_batch_right_after_a_broker_restart_fails_unpublished_and_the_next_start_publishes_it_once(
+    spark, config, kafka_broker, kafka_bootstrap, tmp_path
+):
+    out, config, gold, sid, egress, changes = after_a_first_batch(spark, config, kafka_bootstrap, tmp_path)
+    restarted = None
+    try:
         # The broker restarts between two batches: the producer's cached coordinator is gone (librdkafka's
         # send_offsets_to_transaction waited on it for good). The next batch fails, and publishes nothing.
         kafka_broker.stop(timeout=10)
@@ -671,17 +690,9 @@ def test_a_batch_right_after_a_broker_restart_fails_unpublished_and_the_next_sta
 def test_a_process_that_stood_still_inside_a_batch_and_lost_its_connection_fences_no_one_and_publishes_nothing(
     spark, config, kafka_broker, kafka_bootstrap, tmp_path, monkeypatch
 ):
-    out = output_topic(kafka_bootstrap)
-    config = with_egress(config, out)
-    gold = str(tmp_path / "gold")
-    tiny_gold(spark, gold)
-    sid = str(uuid.uuid4())
-    frozen = KafkaEgress(config, settings(config), sid)
+    out, config, gold, sid, frozen, changes = after_a_first_batch(spark, config, kafka_bootstrap, tmp_path)
     successor = None
     try:
-        assert frozen.publish(change_feed(spark, gold, 0), batch_id=0) == 3
-        DeltaTable.forPath(spark, gold).update("event_count = 1", {"event_count": "event_count + 10"})
-        changes = change_feed(spark, gold, 2)
 
         def stand_still(marker_read):
             # Batch 1 has checked its lease and read the marker (at batch 0). The process stands still

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from . import sdp
 
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
+# The run's figures as docs/benchmarks.md shows them (figures_markdown).
+FIGURES_FILE = "bench.md"
 
 # The peer's figures (bench/peer.py), when its extra is installed: this project against SDP on the same topic.
 PEER_METRIC_KEYS = (
@@ -443,6 +446,45 @@ def header(results: dict) -> str:
     )
 
 
+def _figure(metric: dict) -> str:
+    value, unit = metric["value"], metric["unit"]
+    if unit in ("records/s", "rows/s", "ms"):
+        return f"{value:,.0f} {unit}"
+    if unit in ("ratio", "x"):
+        return f"{value:,.2f}"
+    return f"{value:,.2f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def figures_markdown(results: dict) -> str:
+    """A run (a ``bench.json``) as docs/benchmarks.md shows it: what ran where, then every figure with its
+    target, in the order the run took them.
+
+    Example::
+
+        figures_markdown(json.loads(Path("bench-results/bench.json").read_text()))  # "`make bench` ..."
+    """
+    if not isinstance(results, dict) or not {"machine", "metrics", "mode", "duration_s"} <= results.keys():
+        raise ValueError("results must be a bench run's results (bench.json): mode, duration_s, machine, metrics")
+    machine = results["machine"]
+    run = (
+        f"A {results['mode']} run ({results['duration_s']:,.0f} s), started {results.get('started_at', '?')}: "
+        f"{machine['cores']} cores, {machine['memory_gb']} GB, {machine['cpu_model']}; Java {machine['java']}, "
+        f"Python {machine['python']}, Spark {machine['spark']}, Delta {machine['delta']}, Kafka "
+        f"{machine.get('kafka_local_broker', '?')}; master `{machine['spark_master']}`; load average "
+        f"{_load(machine.get('load_average_start'))} at the start, {_load(machine.get('load_average_end'))} at the end."
+    )
+    lines = [
+        *textwrap.wrap(run, 100, break_on_hyphens=False),
+        "",
+        "| measure | figure | target | met |",
+        "|---|---|---|---|",
+    ]
+    for metric in results["metrics"]:
+        met = {True: "yes", False: "no", None: ""}[metric["met"]]
+        lines.append(f"| {metric['name']} | {_figure(metric)} | {metric['target'] or ''} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
 def _load(values) -> str:
     return "?" if not values else "/".join(f"{v:.1f}" for v in values)
 
@@ -464,9 +506,11 @@ def publish(results: dict, metrics: list[Metric], output_dir: Path) -> None:
         + (f"; missed: {'; '.join(missed)}" if missed else "")
     )
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    written = json.dumps(results, indent=2, default=str) + "\n"
+    (output_dir / RESULTS_FILE).write_text(written)
+    (output_dir / FIGURES_FILE).write_text(figures_markdown(json.loads(written)))
     plot = write_plot(results, output_dir / PLOT_FILE)
-    print(f"wrote {output_dir / RESULTS_FILE}" + (f" and {plot}" if plot else ""))
+    print(f"wrote {output_dir / RESULTS_FILE}, {output_dir / FIGURES_FILE}" + (f" and {plot}" if plot else ""))
 
 
 def write_plot(results: dict, path: Path) -> Path | None:

@@ -172,7 +172,7 @@ class KafkaIngest:
         return None if previous is None or end is None else offsets_spanned(previous, end)
 
     def evaluate_for_batch(self, rows: DataFrame, batch_id: int) -> None:
-        """Interpret or compile the expressions of the batch's queries, by its planned records (``session/codegen.py``)."""
+        """Interpret or compile the batch's expressions, by its planned records (``session/codegen.py``)."""
         evaluate_for_kafka_batch(rows.sparkSession, self.planned_records(rows.sparkSession, batch_id))
 
 
