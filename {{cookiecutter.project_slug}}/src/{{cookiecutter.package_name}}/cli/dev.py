@@ -276,9 +276,9 @@ def setup(config: Config, args: argparse.Namespace) -> int:
 
 
 # Maven Central now and then answers a jar request with an empty body (Ivy: "Downloaded file size
-# (0) doesn't match expected Content Length ... Please retry"), and a fresh machine's first
-# `make install` failed on it; the next try fetched the same jar whole. What was fetched stays in
-# Ivy's cache, so a try fetches only what is still missing.
+# (0) doesn't match expected Content Length ... Please retry"), which fails a fresh machine's
+# `make install`; the next try fetches the same jar whole. What was fetched stays in Ivy's cache,
+# so a try fetches only what is still missing.
 DOWNLOAD_ATTEMPTS = 3
 DOWNLOAD_PAUSE_S = 10.0
 
