@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, DataType, DecimalType, IntegerType, LongType, StringType, TimestampType
 
 
@@ -125,6 +127,20 @@ def quarantine_label(reason: str) -> str:
         raise TypeError(f"reason must be a str, not {type(reason).__name__}")
     head, found, _ = reason.partition(JSON_TYPE_FOLLOWS)
     return head + found + JSON_TYPE_PLACEHOLDER if found else reason
+
+
+def quarantine_label_column(reason: Column) -> Column:
+    """``quarantine_label`` of a column of reasons, in Spark: the same label for the same reason.
+
+    Example::
+
+        parsed.groupBy(quarantine_label_column(F.col("reason"))).count()
+    """
+    if not isinstance(reason, Column):
+        raise TypeError(f"reason must be a Column, not {type(reason).__name__}")
+    head = F.substring_index(reason, JSON_TYPE_FOLLOWS, 1)
+    labelled = F.concat(head, F.lit(JSON_TYPE_FOLLOWS + JSON_TYPE_PLACEHOLDER))
+    return F.when(F.instr(reason, JSON_TYPE_FOLLOWS) > 0, labelled).otherwise(reason)
 
 
 # The record-level reasons, checked before any field.

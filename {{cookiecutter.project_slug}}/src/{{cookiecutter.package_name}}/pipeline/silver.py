@@ -33,11 +33,12 @@ from .contract import (
     Field,
     Kind,
     Rule,
+    quarantine_label_column,
 )
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .instants import to_micros
-from .monitoring import QUARANTINE_ALERT_SHARE, report_quarantine
+from .monitoring import report_quarantine
 from .recovery import checkpoints
 from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
 from .recovery.lease import check_held
@@ -244,7 +245,7 @@ def ranges_and_quarantine_share(parsed: DataFrame, stream: str, batch_id: int) -
     ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
     rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
     if rejected:
-        report_quarantine(stream, batch_id, records, rejected, reason_counts(parsed, rejected, records))
+        report_quarantine(stream, batch_id, records, rejected, reason_counts(parsed))
     return ranges, rejected, records
 
 
@@ -363,21 +364,19 @@ def stream_writer(
     return source_stream(spark, lakehouse, "silver", prepared.stream_id).writeStream.foreachBatch(write_batch)
 
 
-def reason_counts(parsed: DataFrame, rejected: int, records: int) -> dict[str, int]:
-    """The five most frequent reasons among a batch's ``parsed`` rows, when the share ``rejected`` of
-    ``records`` calls for a look; {} below it.
+def reason_counts(parsed: DataFrame) -> dict[str, int]:
+    """How many of a batch's ``parsed`` rows each quarantine rule rejected, by the rule's label
+    (``contract.quarantine_label``: a bounded set, whatever JSON the producer sent). One small job
+    over the cached batch.
 
     Example::
 
-        report_quarantine("silver", 7, 500, 120, reason_counts(parsed, 120, 500))
+        report_quarantine("silver", 7, 500, 120, reason_counts(parsed))
     """
-    if rejected < 0 or records < rejected:
-        raise ValueError(f"rejected must be between 0 and records, got {rejected} of {records}")
-    # Counted only when the share calls for a look (one more small job); a few malformed records are normal.
-    if rejected < records * QUARANTINE_ALERT_SHARE:
-        return {}
-    counts = parsed.where(F.col("reason").isNotNull()).groupBy("reason").count().orderBy(F.desc("count")).limit(5)
-    return {row.reason: row["count"] for row in counts.collect()}
+    reason = F.col("reason")
+    label = quarantine_label_column(reason)
+    counts = parsed.where(reason.isNotNull()).groupBy(label.alias("label")).count().collect()
+    return {row.label: row["count"] for row in counts}
 
 
 def rebuilt_rows(bronze: DataFrame, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], DataFrame]:
