@@ -135,7 +135,7 @@ WEIGHTS = {
 RUN = "{run}"
 STREAMS = ("bronze", "silver", "gold")
 FUSED_STREAM = "fused"
-# A copy of a file that changed while it was read (S3: a GET's If-Match on the ETag its HEAD gave) is
+# A copy of a file S3 refuses as changed (a read's If-Match on an ETag the file no longer has) is
 # taken again, this many times at most.
 COPY_ATTEMPTS = 5
 CHANGED_WHILE_READ = re.compile(
@@ -1381,9 +1381,10 @@ class Nemesis:
                     )
                     break
                 except Py4JJavaError as error:
-                    # The file changed between the store's answer to its HEAD and to its GET (S3's 412,
-                    # which S3A's change detection asks for): a copy of a running stream's files, taken
-                    # again as an operator's backup tool would.
+                    # S3's 412 to a read whose If-Match names an ETag the file no longer has: seen on
+                    # checkpoint files a reset deleted and wrote again after this process last copied
+                    # them (S3A's reader keeps what it learnt of a file). Taken again, as an operator's
+                    # backup tool would; the next read finds the file as it is.
                     if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
                         raise
                     target_fs.delete(child, True)
