@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from decimal import Decimal
 from importlib import resources
@@ -865,6 +866,32 @@ def test_a_topic_made_compacted_under_bronze_is_refused_at_the_next_batch_and_at
     # bronze's, so it stays, and the audit does not blame bronze for every record the cleaner removed.
     spark.sql(f"RESTORE TABLE delta.`{lakehouse.table(BRONZE)}` TO VERSION AS OF 0").collect()
     assert recorded_compacted(spark, lakehouse) == {topic}
+
+
+def test_a_broker_lost_while_bronze_asks_for_its_topic_ids_is_asked_again_once_it_is_back(spark, config, kafka_broker):
+    lakehouse = Lakehouse(config.lakehouse_root)
+    ensure_tables(spark, lakehouse)
+    guard = SourceGuard.at_start(spark, config, lakehouse, resuming=False)
+    topic_ids = guard.topic_ids()  # the admin client is connected from here on
+    pid = kafka_broker.status()["pid"]
+    try:
+        # The broker stands still: its kernel takes the next request, the broker never answers it. Then it
+        # dies with the request unanswered (a crash or a restart in the middle of a batch's check).
+        os.kill(pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(guard.topic_ids)
+            time.sleep(3)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while kafka_broker.status() is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not asked.done(), f"the check gave up while the broker was down: {asked.exception()!r}"
+            kafka_broker.start()
+            assert asked.result(timeout=120) == topic_ids
+    finally:
+        if kafka_broker.status() is not None and kafka_broker.status()["pid"] == pid:
+            os.kill(pid, signal.SIGKILL)
+        kafka_broker.start()
 
 
 @pytest.mark.slow

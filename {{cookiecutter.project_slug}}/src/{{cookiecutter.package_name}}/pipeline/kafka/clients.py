@@ -9,15 +9,35 @@ and are unwrapped only here, in the settings handed to a client.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from ..config import LOCAL_BOOTSTRAP, SASL_PASSWORD_VAR, SSL_KEY_PASSWORD_VAR, Config, ConfigError, KafkaConfig
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What an admin question meets for a moment while a broker restarts or a leader moves: the same question
+# asked again gets its answer. Bronze asks before every batch, so one restart must not fail the batch.
+TRANSIENT_ADMIN_ERRORS = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+ADMIN_RETRY_S = 60.0
 
 JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -295,12 +315,42 @@ def compacted_topics(config: Config, topics: list[str]) -> set[str]:
     resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
     if not resources:
         return set()
-    described = _admin(config).describe_configs(resources, request_timeout=30)
-    return {
-        resource.name
-        for resource, future in described.items()
-        if "compact" in future.result()["cleanup.policy"].value.split(",")
-    }
+
+    def ask() -> set[str]:
+        described = _admin(config).describe_configs(resources, request_timeout=30)
+        return {
+            resource.name
+            for resource, future in described.items()
+            if "compact" in future.result()["cleanup.policy"].value.split(",")
+        }
+
+    return asked_until_answered(ask, f"the cleanup.policy of topics {', '.join(topics)}")
+
+
+def asked_until_answered(ask: Callable[[], T], what: str, within_s: float = ADMIN_RETRY_S) -> T:
+    """``ask()``, asked again while it fails with one of ``TRANSIENT_ADMIN_ERRORS`` for up to ``within_s``
+    seconds (then the last error is raised); any other error at once. ``what`` names the question in the log.
+
+    Example::
+
+        asked_until_answered(lambda: admin.describe_cluster(request_timeout=30).result(), "the cluster id")
+    """
+    if not callable(ask):
+        raise TypeError(f"ask must be callable, not {type(ask).__name__}")
+    if within_s <= 0:
+        raise ValueError(f"within_s must be positive, got {within_s!r}")
+    deadline = time.monotonic() + within_s
+    pause_s = 0.5
+    while True:
+        try:
+            return ask()
+        except KafkaException as error:
+            code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
+            if code not in TRANSIENT_ADMIN_ERRORS or time.monotonic() + pause_s > deadline:
+                raise
+            log.warning("Kafka did not answer %s (%s); asking again in %.1f s", what, error.args[0].name(), pause_s)
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 5.0)
 
 
 @contextmanager
@@ -322,16 +372,20 @@ def describe_sources(config: Config, topics: list[str], cluster: bool = True) ->
     if isinstance(topics, str):
         raise TypeError("topics must be a list of topic names, not a string")
     admin = _admin(config)
-    cluster_id = admin.describe_cluster(request_timeout=30).result().cluster_id if cluster else None
-    topic_ids = {}
-    if topics:
-        for topic, future in admin.describe_topics(TopicCollection(list(topics)), request_timeout=30).items():
-            try:
-                topic_ids[topic] = str(future.result().topic_id)
-            except KafkaException as error:
-                if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise
-    return Sources(cluster_id, topic_ids)
+
+    def ask() -> Sources:
+        cluster_id = admin.describe_cluster(request_timeout=30).result().cluster_id if cluster else None
+        topic_ids = {}
+        if topics:
+            for topic, future in admin.describe_topics(TopicCollection(list(topics)), request_timeout=30).items():
+                try:
+                    topic_ids[topic] = str(future.result().topic_id)
+                except KafkaException as error:
+                    if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
+        return Sources(cluster_id, topic_ids)
+
+    return asked_until_answered(ask, f"the ids of topics {', '.join(topics)}")
 
 
 def describe_topic(config: Config, topic: str) -> tuple[str, int] | None:
@@ -343,14 +397,18 @@ def describe_topic(config: Config, topic: str) -> tuple[str, int] | None:
     """
     if not isinstance(topic, str) or not topic:
         raise ValueError(f"topic must be a topic name, not {topic!r}")
-    future = _admin(config).describe_topics(TopicCollection([topic]), request_timeout=30)[topic]
-    try:
-        described = future.result()
-    except KafkaException as error:
-        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return None
-        raise
-    return str(described.topic_id), len(described.partitions)
+
+    def ask() -> tuple[str, int] | None:
+        future = _admin(config).describe_topics(TopicCollection([topic]), request_timeout=30)[topic]
+        try:
+            described = future.result()
+        except KafkaException as error:
+            if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None
+            raise
+        return str(described.topic_id), len(described.partitions)
+
+    return asked_until_answered(ask, f"the id of topic {topic}")
 
 
 # One admin client per configuration: bronze asks for topic ids before every batch, and for
