@@ -7,8 +7,10 @@ import re
 from enum import Enum
 from pathlib import Path
 
+from PIL import Image
 from pydantic import SecretStr
 
+from {{ cookiecutter.package_name }}.bench import report
 from {{ cookiecutter.package_name }}.cli import build_parser
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import Settings
@@ -268,3 +270,34 @@ def test_every_link_between_the_docs_reaches_a_file_and_a_heading_it_has():
                 if fragment not in {anchor(heading) for heading in headings}:
                     broken.append(f"{path.relative_to(PROJECT)}: {target} (no such heading)")
     assert broken == []
+
+
+FIGURES_BEGIN = "<!-- the figures of docs/bench.json (bench.md of its run): begin -->"
+FIGURES_END = "<!-- the figures of docs/bench.json: end -->"
+
+
+def test_benchmarks_md_and_its_plot_show_the_one_committed_run_against_todays_targets():
+    run = json.loads((DOCS / "bench.json").read_text())
+    # The run is the default bake's: this project shows the rows of its own egresses.
+    known = set(report.METRIC_KEYS) | set(report.PEER_METRIC_KEYS)
+    shown = {**run, "metrics": [metric for metric in run["metrics"] if metric["key"] in known]}
+    text = (DOCS / "benchmarks.md").read_text()
+    assert text.count(FIGURES_BEGIN) == 1 and text.count(FIGURES_END) == 1
+    section = text.split(FIGURES_BEGIN)[1].split(FIGURES_END)[0]
+    assert section.strip() == report.figures_markdown(shown).strip(), (
+        "docs/benchmarks.md: put bench-results/bench.md of the run in docs/bench.json between the markers"
+    )
+    plot = Image.open(DOCS / "bench.png")
+    assert plot.text[report.PLOT_SOURCE_KEY] == f"bench.json sha256 {report.results_digest(run)}", (
+        "docs/bench.png draws another run: copy bench-results/bench.png of the run in docs/bench.json"
+    )
+
+    def target_today(key: str) -> str | None:
+        return str(report.TARGETS[key]) if key in report.TARGETS else None
+
+    stale = {
+        metric["key"]: (metric["target"], target_today(metric["key"]))
+        for metric in run["metrics"]
+        if metric["target"] != target_today(metric["key"])
+    }
+    assert stale == {}, "targets changed since the run in docs/bench.json (run's, today's): run `make bench` again"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -18,6 +19,8 @@ RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
 # The run's figures as docs/benchmarks.md shows them (figures_markdown).
 FIGURES_FILE = "bench.md"
+# The text chunk of bench.png that names the results it draws (results_digest).
+PLOT_SOURCE_KEY = "Source"
 
 # The peer's figures (bench/peer.py), when its extra is installed: this project against SDP on the same topic.
 PEER_METRIC_KEYS = (
@@ -509,12 +512,26 @@ def publish(results: dict, metrics: list[Metric], output_dir: Path) -> None:
     written = json.dumps(results, indent=2, default=str) + "\n"
     (output_dir / RESULTS_FILE).write_text(written)
     (output_dir / FIGURES_FILE).write_text(figures_markdown(json.loads(written)))
-    plot = write_plot(results, output_dir / PLOT_FILE)
+    plot = write_plot(json.loads(written), output_dir / PLOT_FILE)
     print(f"wrote {output_dir / RESULTS_FILE}, {output_dir / FIGURES_FILE}" + (f" and {plot}" if plot else ""))
 
 
+def results_digest(results: dict) -> str:
+    """The sha256 of a run's results (a ``bench.json`` read back), its keys sorted: bench.png names the run
+    it draws with it.
+
+    Example::
+
+        results_digest(json.loads(Path("docs/bench.json").read_text()))  # "9f2c..."
+    """
+    if not isinstance(results, dict):
+        raise TypeError(f"results must be a dict (a bench.json read back), not {type(results).__name__}")
+    return hashlib.sha256(json.dumps(results, sort_keys=True).encode()).hexdigest()
+
+
 def write_plot(results: dict, path: Path) -> Path | None:
-    """bench.png: throughput, ratios against their targets, latency per marker. None without matplotlib."""
+    """bench.png: throughput, ratios against their targets, latency per marker; its ``PLOT_SOURCE_KEY`` text
+    names the results it draws (``results_digest``). None without matplotlib."""
     try:
         import matplotlib
 
@@ -570,6 +587,6 @@ def write_plot(results: dict, path: Path) -> Path | None:
         f"Spark {machine['spark']}, Delta {machine['delta']}"
     )
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, metadata={PLOT_SOURCE_KEY: f"bench.json sha256 {results_digest(results)}"})
     plt.close(figure)
     return path
