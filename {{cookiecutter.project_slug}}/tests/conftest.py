@@ -4,6 +4,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -13,8 +14,8 @@ from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
-from {{ cookiecutter.package_name }}.pipeline.egress import configure
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import FUSED, GOLD_SCHEMA, STREAMS, TABLES
+from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.session import s3
@@ -196,6 +197,21 @@ class LakehouseFiles:
             )
             assert copied, f"{status.getPath()} was not copied to {child}"
 
+    def listing(self, root, depth: int) -> list[str]:
+        """Every path under the directory ``root``, ``depth`` levels down, relative to it."""
+        filesystem, hadoop_root = self._resolve(root)
+        found, level = [], [(hadoop_root, "")]
+        for _ in range(depth):
+            below = []
+            for directory, relative in level:
+                for status in filesystem.listStatus(directory):
+                    path = relative + status.getPath().getName()
+                    found.append(path)
+                    if status.isDirectory():
+                        below.append((status.getPath(), path + "/"))
+            level = below
+        return found
+
     def newest_batch(self, directory) -> int:
         """The highest batch number in a checkpoint's ``offsets`` or ``commits`` directory."""
         filesystem, hadoop_path = self._resolve(directory)
@@ -206,6 +222,52 @@ class LakehouseFiles:
 @pytest.fixture
 def lakehouse_files(spark) -> LakehouseFiles:
     return LakehouseFiles(spark)
+
+
+CONFIGURATION_MD = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def documented_layout() -> list[list[str]]:
+    """The paths under a lakehouse root that configuration.md's layout names, each as the patterns of its
+    parts: ``<stream>`` one of this project's streams, ``<table>`` one of its tables, ``<batch>`` a number."""
+    block = CONFIGURATION_MD.read_text().split("Layout under the root:", 1)[1].split("```")[1]
+    placeholders = {
+        "<stream>": "|".join(map(re.escape, [*STREAMS, FUSED.name, *installed_names()])),
+        "<table>": "|".join(map(re.escape, TABLES)),
+        "<batch>": r"\d+",
+    }
+
+    def pattern(part: str) -> str:
+        pieces = re.split(r"(<[a-z]+>)", part)
+        return "".join(f"(?:{placeholders[piece]})" if piece in placeholders else re.escape(piece) for piece in pieces)
+
+    paths = [token for line in block.splitlines() for token in line.split() if re.match(r"[a-z_]+/", token)]
+    return [[pattern(part) for part in path.strip("/").split("/")] for path in paths]
+
+
+def undocumented_paths(paths: list[str]) -> list[str]:
+    """Those of ``paths`` (relative to a lakehouse root) that the layout neither names nor holds, nor leads to.
+
+    Example::
+
+        undocumented_paths(["tables/bronze_events/_delta_log", "stray"])  # ["stray"]
+    """
+    layout = documented_layout()
+
+    def documented(path: str) -> bool:
+        parts = path.split("/")
+        return any(
+            all(re.fullmatch(pattern, part) for pattern, part in zip(patterns, parts, strict=False))
+            for patterns in layout
+        )
+
+    return [path for path in paths if not documented(path)]
+
+
+@pytest.fixture
+def undocumented_in_lakehouse(lakehouse_files):
+    """``undocumented_paths`` of what a lakehouse root holds, three levels down (the layout's deepest)."""
+    return lambda root: undocumented_paths(lakehouse_files.listing(root, 3))
 
 
 @pytest.fixture(scope="session")

@@ -301,3 +301,16 @@ def test_benchmarks_md_and_its_plot_show_the_one_committed_run_against_todays_ta
         if metric["target"] != target_today(metric["key"])
     }
     assert stale == {}, "targets changed since the run in docs/bench.json (run's, today's): run `make bench` again"
+
+
+def test_the_layout_check_finds_a_path_the_layout_does_not_name(tmp_path, undocumented_in_lakehouse):
+    documented = [
+        "tables/bronze_events/_delta_log",
+        "checkpoints/silver/sink_versions/12",
+        "checkpoints/gold.leases/3",
+        "sources/lost/events",
+        "rebuild/gold_event_windows",
+    ]
+    for path in [*documented, "stray", "checkpoints/silver_old", "tables/gold_copy"]:
+        (tmp_path / path).mkdir(parents=True)
+    assert sorted(undocumented_in_lakehouse(str(tmp_path))) == ["checkpoints/silver_old", "stray", "tables/gold_copy"]
