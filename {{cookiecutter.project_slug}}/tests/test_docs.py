@@ -7,6 +7,7 @@ import re
 from enum import Enum
 from pathlib import Path
 
+from conftest import documented_layout, undocumented_paths
 from PIL import Image
 from pydantic import SecretStr
 
@@ -14,8 +15,13 @@ from {{ cookiecutter.package_name }}.bench import report
 from {{ cookiecutter.package_name }}.cli import build_parser
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import Settings
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import FUSED, STREAMS, TABLES, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
+from {{ cookiecutter.package_name }}.pipeline.kafka.identity import compacted_records
+from {{ cookiecutter.package_name }}.pipeline.kafka.retention import lost_records
 from {{ cookiecutter.package_name }}.pipeline.recovery import crash_points
+from {{ cookiecutter.package_name }}.pipeline.recovery.lease import lease_path
+from {{ cookiecutter.package_name }}.pipeline.recovery.sink_progress import SINK_VERSIONS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -314,3 +320,39 @@ def test_the_layout_check_finds_a_path_the_layout_does_not_name(tmp_path, undocu
     for path in [*documented, "stray", "checkpoints/silver_old", "tables/gold_copy"]:
         (tmp_path / path).mkdir(parents=True)
     assert sorted(undocumented_in_lakehouse(str(tmp_path))) == ["checkpoints/silver_old", "stray", "tables/gold_copy"]
+
+
+def paths_the_code_makes() -> list[str]:
+    """Every path under a lakehouse root that the pipeline's own path builders name, relative to the root.
+
+    A placeholder file stands for what a directory holds (a lost gap, a compacted topic, a batch)."""
+    root = "/root"
+    lakehouse = Lakehouse(root)
+    streams = [*STREAMS, FUSED.name, *installed_names()]
+    paths = [
+        *(lakehouse.table(table) for table in TABLES),
+        *(lakehouse.aside(table) for table in TABLES),
+        *(f"{lakehouse.checkpoint(stream)}/{SINK_VERSIONS}/0" for stream in streams),
+        *(lease_path(lakehouse, stream, 1) for stream in streams),
+        f"{lost_records(lakehouse)}/a-gap.json",
+        f"{compacted_records(lakehouse)}/a-topic",
+    ]
+    return [path.removeprefix(f"{root}/") for path in paths]
+
+
+def test_the_layout_names_every_path_the_code_makes_and_no_other():
+    made = paths_the_code_makes()
+    assert undocumented_paths(made) == [], "docs/configuration.md's layout misses these paths"
+
+    def made_under(patterns: list[str]) -> bool:
+        def under(parts: list[str]) -> bool:
+            matched = zip(patterns, parts, strict=False)
+            return len(parts) >= len(patterns) and all(re.fullmatch(pattern, part) for pattern, part in matched)
+
+        return any(under(path.split("/")) for path in made)
+
+    invented = ["/".join(patterns) for patterns in documented_layout() if not made_under(patterns)]
+    assert invented == [], "docs/configuration.md's layout names paths no code makes"
+    block = (DOCS / "configuration.md").read_text().split("Layout under the root:", 1)[1].split("```")[1]
+    listed = re.search(r"each stream's checkpoint: ([a-z_, ]+)", block).group(1).split(", ")
+    assert sorted(listed) == sorted([*STREAMS, FUSED.name, *installed_names()])
