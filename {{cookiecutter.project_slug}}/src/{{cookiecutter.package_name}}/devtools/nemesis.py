@@ -1362,36 +1362,57 @@ class Nemesis:
     def _copy(self, source: str, target: str) -> bool:
         """Copy directory ``source`` to ``target`` (any Hadoop URIs); False when there is no source.
 
-        Child by child into a fresh ``target``: Hadoop's copy of a whole directory nests it inside a
-        target that a store still reports as existing.
+        File by file, each onto its own path: Hadoop's copy of a directory nests it inside a target
+        directory that a store still reports as existing (S3 does, for a directory just deleted), and a
+        table copied that way has an empty ``_delta_log``. The target then holds exactly the source's
+        files: one a delete left behind is removed.
         """
         source_path, source_fs = self._filesystem(source)
         target_path, target_fs = self._filesystem(target)
         if not source_fs.exists(source_path):
             return False
-        target_fs.mkdirs(target_path)
-        util = java_class(self.spark, "org.apache.hadoop.fs.FileUtil")
         hadoop_path = java_class(self.spark, "org.apache.hadoop.fs.Path")
-        for status in source_fs.listStatus(source_path):
-            child = hadoop_path(target_path, status.getPath().getName())
-            for attempt in range(COPY_ATTEMPTS):
-                try:
-                    util.copy(
-                        source_fs, status.getPath(), target_fs, child, False, self.spark._jsc.hadoopConfiguration()
-                    )
-                    break
-                except Py4JJavaError as error:
-                    # S3's 412 to a read whose If-Match names an ETag the file no longer has: seen on
-                    # checkpoint files a reset deleted and wrote again after this process last copied
-                    # them (S3A's reader keeps what it learnt of a file). Taken again, as an operator's
-                    # backup tool would; the next read finds the file as it is.
-                    if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
-                        raise
-                    target_fs.delete(child, True)
-                    time.sleep(1)
+        directories, files = self._walk(source_fs, source_path)
+        for relative in ["", *directories]:
+            target_fs.mkdirs(hadoop_path(f"{target_path}/{relative}"))
+        for relative in files:
+            source_file, target_file = hadoop_path(source_path, relative), hadoop_path(target_path, relative)
+            self._copy_file(source_fs, source_file, target_fs, target_file)
+        for relative in set(self._walk(target_fs, target_path)[1]) - set(files):
+            target_fs.delete(hadoop_path(target_path, relative), False)
+        if sorted(self._walk(target_fs, target_path)[1]) != sorted(files):
+            raise RuntimeError(f"copying {source} to {target} left other files than the source's")
         if self.committed_batches(source) != self.committed_batches(target):
             raise RuntimeError(f"copying {source} to {target} did not copy its commit log")
         return True
+
+    def _walk(self, filesystem, root, relative: str = "") -> tuple[list[str], list[str]]:
+        """The directories and the files under the Hadoop path ``root``, relative to it."""
+        directories, files = [], []
+        for status in filesystem.listStatus(root):
+            name = f"{relative}{status.getPath().getName()}"
+            if status.isDirectory():
+                below = self._walk(filesystem, status.getPath(), f"{name}/")
+                directories += [name, *below[0]]
+                files += below[1]
+            else:
+                files.append(name)
+        return directories, files
+
+    def _copy_file(self, source_fs, source, target_fs, target) -> None:
+        util = java_class(self.spark, "org.apache.hadoop.fs.FileUtil")
+        for attempt in range(COPY_ATTEMPTS):
+            try:
+                util.copy(source_fs, source, target_fs, target, False, True, self.spark._jsc.hadoopConfiguration())
+                return
+            except Py4JJavaError as error:
+                # S3's 412 to a read whose If-Match names an ETag the file no longer has: seen on
+                # checkpoint files a reset deleted and wrote again after this process last copied
+                # them (S3A's reader keeps what it learnt of a file). Taken again, as an operator's
+                # backup tool would; the next read finds the file as it is.
+                if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
+                    raise
+                time.sleep(1)
 
     def _delete(self, path: str) -> None:
         hadoop_path, filesystem = self._filesystem(path)
