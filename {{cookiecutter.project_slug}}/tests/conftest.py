@@ -227,12 +227,22 @@ def lakehouse_files(spark) -> LakehouseFiles:
 CONFIGURATION_MD = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
+def lakehouse_streams() -> list[str]:
+    """Every stream of this project that may hold a checkpoint: the layers, the fused stream, the egresses."""
+    return [*STREAMS, FUSED.name, *installed_names()]
+
+
+def layout_block() -> str:
+    """The code block under "Layout under the root:" in configuration.md."""
+    return CONFIGURATION_MD.read_text().split("Layout under the root:", 1)[1].split("```")[1]
+
+
 def documented_layout() -> list[list[str]]:
     """The paths under a lakehouse root that configuration.md's layout names, each as the patterns of its
     parts: ``<stream>`` one of this project's streams, ``<table>`` one of its tables, ``<batch>`` a number."""
-    block = CONFIGURATION_MD.read_text().split("Layout under the root:", 1)[1].split("```")[1]
+    block = layout_block()
     placeholders = {
-        "<stream>": "|".join(map(re.escape, [*STREAMS, FUSED.name, *installed_names()])),
+        "<stream>": "|".join(map(re.escape, lakehouse_streams())),
         "<table>": "|".join(map(re.escape, TABLES)),
         "<batch>": r"\d+",
     }

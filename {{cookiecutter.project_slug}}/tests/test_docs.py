@@ -7,7 +7,7 @@ import re
 from enum import Enum
 from pathlib import Path
 
-from conftest import documented_layout, undocumented_paths
+from conftest import documented_layout, lakehouse_streams, layout_block, undocumented_paths
 from PIL import Image
 from pydantic import SecretStr
 
@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.bench import report
 from {{ cookiecutter.package_name }}.cli import build_parser
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import Settings
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import FUSED, STREAMS, TABLES, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import TABLES, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import compacted_records
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import lost_records
@@ -328,7 +328,7 @@ def paths_the_code_makes() -> list[str]:
     A placeholder file stands for what a directory holds (a lost gap, a compacted topic, a batch)."""
     root = "/root"
     lakehouse = Lakehouse(root)
-    streams = [*STREAMS, FUSED.name, *installed_names()]
+    streams = lakehouse_streams()
     paths = [
         *(lakehouse.table(table) for table in TABLES),
         *(lakehouse.aside(table) for table in TABLES),
@@ -353,6 +353,5 @@ def test_the_layout_names_every_path_the_code_makes_and_no_other():
 
     invented = ["/".join(patterns) for patterns in documented_layout() if not made_under(patterns)]
     assert invented == [], "docs/configuration.md's layout names paths no code makes"
-    block = (DOCS / "configuration.md").read_text().split("Layout under the root:", 1)[1].split("```")[1]
-    listed = re.search(r"each stream's checkpoint: ([a-z_, ]+)", block).group(1).split(", ")
-    assert sorted(listed) == sorted([*STREAMS, FUSED.name, *installed_names()])
+    listed = re.search(r"each stream's checkpoint: ([a-z_, ]+)", layout_block()).group(1).split(", ")
+    assert sorted(listed) == sorted(lakehouse_streams())
