@@ -20,9 +20,11 @@ from {{ cookiecutter.package_name }}.devtools.nemesis import (
     Schedule,
     Step,
     compiled_java_options,
+    copy_directory,
     shortest_failing,
 )
 from {{ cookiecutter.package_name }}.pipeline.config import Mode
+from {{ cookiecutter.package_name }}.pipeline.session.spark import java_class
 
 
 def draw_a_step(rng: random.Random) -> list:
@@ -234,3 +236,22 @@ def test_a_reset_clears_what_was_predicted_but_a_loss_in_kafka():
     assert predictions.certain(["bronze"]) and not predictions.certain(["gold"])
     predictions.cleared(["bronze"])
     assert predictions.pending(["bronze"]) == set()
+
+
+@pytest.mark.storage
+def test_a_table_copied_over_a_directory_the_store_still_reports_reads_as_its_source(spark, lakehouse_root):
+    source, target = f"{lakehouse_root}/tables/source", f"{lakehouse_root}/tables/target"
+    spark.range(12).selectExpr("id", "id % 3 AS part").write.format("delta").partitionBy("part").save(source)
+    # What a store may report after a delete: the table's directories, and a file of a newer version.
+    hadoop_path = java_class(spark, "org.apache.hadoop.fs.Path")
+    filesystem = hadoop_path(target).getFileSystem(spark._jsc.hadoopConfiguration())
+    for directory in ("_delta_log", "part=1"):
+        filesystem.mkdirs(hadoop_path(f"{target}/{directory}"))
+    filesystem.create(hadoop_path(f"{target}/_delta_log/00000000000000000001.json")).close()
+
+    assert copy_directory(spark, source, target)
+
+    rows = sorted(spark.read.format("delta").load(target).collect())
+    assert rows == sorted(spark.read.format("delta").load(source).collect()) and len(rows) == 12
+    assert not filesystem.exists(hadoop_path(f"{target}/_delta_log/_delta_log"))
+    assert not filesystem.exists(hadoop_path(f"{target}/part=1/part=1"))

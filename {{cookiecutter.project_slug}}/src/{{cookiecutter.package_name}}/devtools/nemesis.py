@@ -895,7 +895,7 @@ class Nemesis:
         copies = self.logs.parent / "copies"
         for stream in self.streams:
             copy = copies / f"{stream}-{len(self.report.steps)}"
-            if self._copy(self.checkpoint(stream), str(copy)):
+            if copy_directory(self.spark, self.checkpoint(stream), str(copy)):
                 self.copies[stream] = copy
                 copied.append(stream)
         for table in TABLES:
@@ -904,7 +904,7 @@ class Nemesis:
                 continue
             copy = copies / f"table-{table}-{len(self.report.steps)}"
             version = latest_snapshot(self.spark, path).version()
-            self._copy(path, str(copy))
+            copy_directory(self.spark, path, str(copy))
             self.table_copies[table] = (copy, version)
             copied.append(f"table {table} at version {version}")
         return f"copied: {', '.join(copied) or 'nothing yet'}"
@@ -917,7 +917,7 @@ class Nemesis:
         same_stream = not lost and self._read(f"{current}/metadata") == self._read(f"{older}/metadata")
         moved_on = self.committed_batches(current) != self.committed_batches(older)
         self._delete(current)
-        self._copy(older, current)
+        copy_directory(self.spark, older, current)
         # A layer's tables record the batches it wrote; an egress's marker, in its sink, does.
         behind = {KAFKA_EGRESS: {MARKER_AHEAD}, POSTGRES_EGRESS: {MARKER_MISMATCH}}.get(stream, {TABLE_AHEAD})
         other = {KAFKA_EGRESS: {MARKER_LOST}, POSTGRES_EGRESS: {MARKER_MOVED}}.get(stream, {MISMATCH})
@@ -945,7 +945,7 @@ class Nemesis:
         how = self.rng.choice(["copy", "RESTORE"]) if now is not None and now > version else "copy"
         if how == "copy":
             self._delete(path)
-            self._copy(str(copy), path)
+            copy_directory(self.spark, str(copy), path)
         else:
             try:
                 self.spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}").collect()
@@ -1359,61 +1359,6 @@ class Nemesis:
             return max(logged)
         return max(committed, default=-1) + 1
 
-    def _copy(self, source: str, target: str) -> bool:
-        """Copy directory ``source`` to ``target`` (any Hadoop URIs); False when there is no source.
-
-        File by file, each onto its own path: Hadoop's copy of a directory nests it inside a target
-        directory that a store still reports as existing (S3 does, for a directory just deleted), and a
-        table copied that way has an empty ``_delta_log``. The target then holds exactly the source's
-        files: one a delete left behind is removed.
-        """
-        source_path, source_fs = self._filesystem(source)
-        target_path, target_fs = self._filesystem(target)
-        if not source_fs.exists(source_path):
-            return False
-        hadoop_path = java_class(self.spark, "org.apache.hadoop.fs.Path")
-        directories, files = self._walk(source_fs, source_path)
-        for relative in ["", *directories]:
-            target_fs.mkdirs(hadoop_path(f"{target_path}/{relative}"))
-        for relative in files:
-            source_file, target_file = hadoop_path(source_path, relative), hadoop_path(target_path, relative)
-            self._copy_file(source_fs, source_file, target_fs, target_file)
-        for relative in set(self._walk(target_fs, target_path)[1]) - set(files):
-            target_fs.delete(hadoop_path(target_path, relative), False)
-        if sorted(self._walk(target_fs, target_path)[1]) != sorted(files):
-            raise RuntimeError(f"copying {source} to {target} left other files than the source's")
-        if self.committed_batches(source) != self.committed_batches(target):
-            raise RuntimeError(f"copying {source} to {target} did not copy its commit log")
-        return True
-
-    def _walk(self, filesystem, root, relative: str = "") -> tuple[list[str], list[str]]:
-        """The directories and the files under the Hadoop path ``root``, relative to it."""
-        directories, files = [], []
-        for status in filesystem.listStatus(root):
-            name = f"{relative}{status.getPath().getName()}"
-            if status.isDirectory():
-                below = self._walk(filesystem, status.getPath(), f"{name}/")
-                directories += [name, *below[0]]
-                files += below[1]
-            else:
-                files.append(name)
-        return directories, files
-
-    def _copy_file(self, source_fs, source, target_fs, target) -> None:
-        util = java_class(self.spark, "org.apache.hadoop.fs.FileUtil")
-        for attempt in range(COPY_ATTEMPTS):
-            try:
-                util.copy(source_fs, source, target_fs, target, False, True, self.spark._jsc.hadoopConfiguration())
-                return
-            except Py4JJavaError as error:
-                # S3's 412 to a read whose If-Match names an ETag the file no longer has: seen on
-                # checkpoint files a reset deleted and wrote again after this process last copied
-                # them (S3A's reader keeps what it learnt of a file). Taken again, as an operator's
-                # backup tool would; the next read finds the file as it is.
-                if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
-                    raise
-                time.sleep(1)
-
     def _delete(self, path: str) -> None:
         hadoop_path, filesystem = self._filesystem(path)
         filesystem.delete(hadoop_path, True)
@@ -1490,6 +1435,69 @@ class Nemesis:
             return java_class(self.spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8")
         finally:
             stream.close()
+
+
+def copy_directory(spark, source: str, target: str) -> bool:
+    """Copy directory ``source`` to ``target`` (any Hadoop URIs), as a backup tool would; False when there
+    is no source.
+
+    File by file, each onto its own path: Hadoop's copy of a directory nests it inside a target
+    directory that a store still reports as existing (S3 does, for a directory just deleted), and a
+    table copied that way has an empty ``_delta_log``. The target then holds exactly the source's
+    files: one a delete left behind is removed.
+
+    Example::
+
+        copy_directory(spark, "s3a://lake/prefix/checkpoints/silver", "/tmp/copies/silver-12")  # True
+    """
+    source_path, source_fs = hadoop_filesystem(spark, source)
+    target_path, target_fs = hadoop_filesystem(spark, target)
+    if not source_fs.exists(source_path):
+        return False
+    hadoop_path = java_class(spark, "org.apache.hadoop.fs.Path")
+    directories, files = _walk(source_fs, source_path)
+    for relative in ["", *directories]:
+        target_fs.mkdirs(hadoop_path(f"{target_path}/{relative}"))
+    for relative in files:
+        source_file, target_file = hadoop_path(source_path, relative), hadoop_path(target_path, relative)
+        _copy_file(spark, source_fs, source_file, target_fs, target_file)
+    for relative in set(_walk(target_fs, target_path)[1]) - set(files):
+        target_fs.delete(hadoop_path(target_path, relative), False)
+    if sorted(_walk(target_fs, target_path)[1]) != sorted(files):
+        raise RuntimeError(f"copying {source} to {target} left other files than the source's")
+    if batch_ids(spark, f"{source}/commits") != batch_ids(spark, f"{target}/commits"):
+        raise RuntimeError(f"copying {source} to {target} did not copy its commit log")
+    return True
+
+
+def _walk(filesystem, root, relative: str = "") -> tuple[list[str], list[str]]:
+    """The directories and the files under the Hadoop path ``root``, relative to it."""
+    directories, files = [], []
+    for status in filesystem.listStatus(root):
+        name = f"{relative}{status.getPath().getName()}"
+        if status.isDirectory():
+            below = _walk(filesystem, status.getPath(), f"{name}/")
+            directories += [name, *below[0]]
+            files += below[1]
+        else:
+            files.append(name)
+    return directories, files
+
+
+def _copy_file(spark, source_fs, source, target_fs, target) -> None:
+    util = java_class(spark, "org.apache.hadoop.fs.FileUtil")
+    for attempt in range(COPY_ATTEMPTS):
+        try:
+            util.copy(source_fs, source, target_fs, target, False, True, spark._jsc.hadoopConfiguration())
+            return
+        except Py4JJavaError as error:
+            # S3's 412 to a read whose If-Match names an ETag the file no longer has: seen on
+            # checkpoint files a reset deleted and wrote again after this process last copied
+            # them (S3A's reader keeps what it learnt of a file). Taken again, as an operator's
+            # backup tool would; the next read finds the file as it is.
+            if attempt + 1 == COPY_ATTEMPTS or not CHANGED_WHILE_READ.search(str(error.java_exception)):
+                raise
+            time.sleep(1)
 
 
 def way_out_of(output: str) -> str | None:
