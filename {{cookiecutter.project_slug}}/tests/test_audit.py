@@ -34,7 +34,7 @@ from {{ cookiecutter.package_name }}.pipeline.audit.cut import (
 from {{ cookiecutter.package_name }}.pipeline.audit.findings import Finding, keys
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport, reconcile, reconcile_egress, run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD_SCHEMA, SILVER, Lakehouse, change_feed_files
 from {{ cookiecutter.package_name }}.pipeline.egress import GOLD_VERSION
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config

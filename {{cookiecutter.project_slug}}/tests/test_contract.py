@@ -25,7 +25,8 @@ from pyspark.sql.types import (
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
     GOLD,

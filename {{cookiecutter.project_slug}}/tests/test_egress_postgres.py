@@ -29,7 +29,7 @@ from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgre
 from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed as installed_egresses
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (

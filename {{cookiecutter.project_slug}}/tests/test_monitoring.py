@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 from prometheus_client import REGISTRY
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, quarantine_label, quarantine_label_column
+from {{ cookiecutter.package_name }}.pipeline.contract import quarantine_label, quarantine_label_column
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.monitoring import report_quarantine
 from {{ cookiecutter.package_name }}.pipeline.silver import parse_events, ranges_and_quarantine_share

@@ -19,7 +19,8 @@ from pyspark.sql.types import (
 )
 
 from {{ cookiecutter.package_name }}.pipeline.bronze import bronze_records, with_topic_ids
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENTS, Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.gold import window_aggregates
 from {{ cookiecutter.package_name }}.pipeline.silver import (

@@ -32,7 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 from ..devtools.chaos import KAFKA_EGRESS, POSTGRES_EGRESS
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import Config
-from ..pipeline.contract import EVENTS
+from ..pipeline.datasets.events import EVENTS
 from ..pipeline.delta.tables import GOLD, Lakehouse, ensure_tables
 from ..pipeline.egress import configure, installed_names
 from ..pipeline.kafka.clients import bootstrap_servers, spark_security_options

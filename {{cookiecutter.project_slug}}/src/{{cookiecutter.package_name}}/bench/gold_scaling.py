@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import duration_seconds
-from ..pipeline.contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START
+from ..pipeline.contract import EVENT_COUNT, WINDOW_END, WINDOW_START
+from ..pipeline.datasets.events import EVENTS
 from ..pipeline.delta.tables import GOLD, gold_schema
 from ..pipeline.gold import add_to_windows
 from .harness import Bench, build_table, last_commit, say

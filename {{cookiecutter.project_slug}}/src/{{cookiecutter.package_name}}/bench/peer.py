@@ -61,7 +61,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..pipeline.config import Config
-from ..pipeline.contract import EVENTS
+from ..pipeline.datasets.events import EVENTS
 from ..pipeline.delta.tables import GOLD, LAYERS, Lakehouse
 from ..pipeline.kafka.clients import bootstrap_servers
 from . import sdp

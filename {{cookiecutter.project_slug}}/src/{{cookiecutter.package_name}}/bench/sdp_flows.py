@@ -36,7 +36,8 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from {{ cookiecutter.package_name }}.pipeline.contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Kind
+from {{ cookiecutter.package_name }}.pipeline.contract import EVENT_COUNT, WINDOW_END, WINDOW_START, Kind
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 
 # The same pattern as the project's silver (pipeline/silver.py): a bare local time is refused.
 ISO_8601_WITH_OFFSET = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"

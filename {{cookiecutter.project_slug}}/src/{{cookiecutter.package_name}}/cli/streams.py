@@ -220,7 +220,7 @@ def print_description(config: Config, args: argparse.Namespace) -> int:
 
 
 def show(config: Config, args: argparse.Namespace) -> int:
-    from ..pipeline.contract import EVENTS
+    from ..pipeline.datasets.events import EVENTS
     from ..pipeline.delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
 
     egresses = [name for name in args.tables if name in installed_names()]
@@ -243,7 +243,7 @@ def show(config: Config, args: argparse.Namespace) -> int:
 
 def _show_egress(config: Config, stream: str, limit: int) -> None:
     """Print what an egress's sink holds, read back as its consumers see it (gold's columns and gold_version)."""
-    from ..pipeline.contract import EVENTS
+    from ..pipeline.datasets.events import EVENTS
     from ..pipeline.egress import configured
 
     module = configured(config)[stream]  # connect refused an egress that is off

@@ -13,7 +13,7 @@ layer reads it:
   per tumbling event-time window and dimension values; the gold MERGE and the
   audit's recomputation key on ``window_start, window_end, *dimensions``.
 
-``EVENTS`` is the contract the pipeline runs with unless told otherwise.
+A dataset (``dataset.py``) declares its contract; ``datasets/events.py`` holds the project's first.
 
 Example::
 
@@ -368,20 +368,3 @@ class Contract:
                 for rule, field in self.checks()
             ),
         ]
-
-
-# The sample event: key = user_id (UTF-8), value = JSON
-# {"event_id", "event_time" (ISO-8601 with offset), "user_id", "event_type", "amount"}.
-EVENTS = Contract(
-    fields=(
-        Field("event_id", Kind.STRING),
-        Field("event_time", Kind.TIMESTAMP),
-        Field("user_id", Kind.STRING),
-        Field("event_type", Kind.STRING),
-        # Exact: a value that would need rounding is quarantined, never altered.
-        Field("amount", Kind.DECIMAL, precision=18, scale=2),
-    ),
-    event_time="event_time",
-    dimensions=("event_type",),
-    measures=("amount",),
-)

@@ -52,7 +52,8 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
 from .config import Config
-from .contract import EVENTS, Contract
+from .contract import Contract
+from .datasets.events import EVENTS
 from .delta.tables import (
     BRONZE,
     FUSED,

@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config, duration_seconds
-from .contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
+from .contract import EVENT_COUNT, WINDOW_END, WINDOW_START, Contract
+from .datasets.events import EVENTS
 from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .instants import from_micros, literal

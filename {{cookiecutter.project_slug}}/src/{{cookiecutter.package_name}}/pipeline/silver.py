@@ -24,7 +24,6 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .contract import (
     EVENT_TIME_RANGE,
-    EVENTS,
     NOT_AN_OBJECT,
     NOT_JSON,
     NOT_UTF8,
@@ -35,6 +34,7 @@ from .contract import (
     Rule,
     quarantine_label_column,
 )
+from .datasets.events import EVENTS
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .instants import to_micros

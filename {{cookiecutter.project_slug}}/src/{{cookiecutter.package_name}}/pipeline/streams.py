@@ -36,7 +36,8 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
-from .contract import EVENTS, Contract
+from .contract import Contract
+from .datasets.events import EVENTS
 from .delta.tables import (
     BRONZE,
     FUSED,

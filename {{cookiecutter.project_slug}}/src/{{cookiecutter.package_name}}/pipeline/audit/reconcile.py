@@ -28,7 +28,8 @@ from pyspark.sql import functions as F
 
 from ..bronze import with_topic_ids
 from ..config import Config
-from ..contract import EVENTS, WINDOW_START, Contract
+from ..contract import WINDOW_START, Contract
+from ..datasets.events import EVENTS
 from ..delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from ..egress import GOLD_VERSION, configured
 from ..gold import window_aggregates

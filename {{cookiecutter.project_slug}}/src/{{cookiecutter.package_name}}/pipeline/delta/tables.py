@@ -33,16 +33,19 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..contract import EVENT_COUNT, EVENTS, WINDOW_END, WINDOW_START, Contract
+from ..contract import EVENT_COUNT, WINDOW_END, WINDOW_START, Contract
+from ..datasets.events import DATASET as EVENTS_DATASET
+from ..datasets.events import EVENTS
 from ..refusals import Refusal
 from ..session.spark import java_class
 from . import files
 
-BRONZE = "bronze_events"
-SILVER = "silver_events"
-QUARANTINE = "quarantine_events"
-GOLD = "gold_event_windows"
-TABLES = (BRONZE, SILVER, QUARANTINE, GOLD)
+# The tables of the project's first dataset (datasets/events.py).
+BRONZE = EVENTS_DATASET.bronze
+SILVER = EVENTS_DATASET.silver
+QUARANTINE = EVENTS_DATASET.quarantine
+GOLD = EVENTS_DATASET.gold_table(EVENTS_DATASET.golds[0])
+TABLES = EVENTS_DATASET.tables
 
 # A record's identity: offsets restart at 0 in a topic created again, so its id is part of the key.
 KAFKA_KEY_COLUMNS = ["topic", "topic_id", "partition", "offset"]

@@ -21,7 +21,8 @@ from urllib.parse import unquote
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..contract import EVENTS, Contract
+from ..contract import Contract
+from ..datasets.events import EVENTS
 from ..delta import files
 from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, change_feed_files, latest_snapshot
 from ..recovery.checkpoints import (

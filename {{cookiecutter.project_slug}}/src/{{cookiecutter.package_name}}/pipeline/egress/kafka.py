@@ -51,7 +51,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Config, ConfigError, Section, TopicName
-from ..contract import EVENTS, Contract
+from ..contract import Contract
+from ..datasets.events import EVENTS
 from ..delta.tables import Lakehouse, gold_schema
 from ..kafka.clients import client_config, describe_topic
 from ..monitoring import EgressOutcome, report_egress_batch

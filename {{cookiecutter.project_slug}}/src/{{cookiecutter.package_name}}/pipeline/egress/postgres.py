@@ -26,7 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
-from ..contract import EVENTS, Contract
+from ..contract import Contract
+from ..datasets.events import EVENTS
 from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch

@@ -32,7 +32,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from ..contract import EVENTS, Contract
+from ..contract import Contract
+from ..datasets.events import EVENTS
 from ..delta import files
 from ..delta.tables import (
     PARTITION_COLUMNS,

@@ -1,0 +1,186 @@
+"""A dataset declared once: its golds checked against its contract, its tables and streams named after it."""
+
+import re
+
+import pytest
+
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold, Naming
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, check_apart, dataset
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA, STREAMS, TABLES
+
+ORDERS = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("customer", Kind.STRING),
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+        Field("coupon", Kind.STRING, required=False),
+        Field("paid", Kind.BOOLEAN, required=False),
+    ),
+    event_time="ordered_at",
+)
+COUNT = Aggregate(AggregateKind.COUNT)
+
+
+def gold(*aggregates: Aggregate, dimensions=("shop",), name="by_shop", window=None) -> Gold:
+    return Gold(name, aggregates or (COUNT,), dimensions, window)
+
+
+def orders(*golds: Gold, **options) -> Dataset:
+    return Dataset("orders", ORDERS, golds or (gold(),), **options)
+
+
+def test_a_dataset_names_its_tables_and_streams_after_itself_and_its_golds():
+    by_shop = gold(COUNT, Aggregate(AggregateKind.MAX, "total"), Aggregate(AggregateKind.DISTINCT, "customer"))
+    hourly = gold(Aggregate(AggregateKind.APPROX_DISTINCT, "customer"), name="hourly", dimensions=(), window="1 hour")
+    declared = orders(by_shop, hourly)
+
+    assert declared.tables == (
+        "bronze_orders",
+        "silver_orders",
+        "quarantine_orders",
+        "gold_orders_by_shop",
+        "gold_orders_hourly",
+    )
+    assert declared.streams == ("orders_bronze", "orders_silver", "orders_gold_by_shop", "orders_gold_hourly")
+    assert declared.stream("fused") == "orders_fused"
+    assert by_shop.columns == ("window_start", "window_end", "shop", "event_count", "total_max", "customer_distinct")
+    assert hourly.values == ("customer_approx_distinct",)
+
+
+def test_the_first_dataset_keeps_the_names_of_a_lakehouse_of_one_dataset():
+    # A lakehouse written before datasets existed runs on under these names, without a migration.
+    [events] = [declared for declared in DATASETS if declared.naming is Naming.SOLE]
+    assert events.tables == TABLES == ("bronze_events", "silver_events", "quarantine_events", "gold_event_windows")
+    assert events.streams == tuple(STREAMS) == ("bronze", "silver", "gold")
+    assert events.stream("fused") == "fused"
+    assert events.contract is EVENTS
+    assert events.golds[0].columns == tuple(GOLD_SCHEMA.fieldNames())
+    second = Gold("by_user", (COUNT,), ("user_id",))
+    two_golds = Dataset("events", EVENTS, (events.golds[0], second), naming=Naming.SOLE)
+    assert two_golds.gold_stream(second) == "gold_by_user"
+
+
+def test_a_dataset_is_found_by_name_and_an_unknown_name_lists_the_known():
+    assert dataset("events") is DATASETS[0]
+    with pytest.raises(ValueError, match="dataset must be one of events, not 'orders'"):
+        dataset("orders")
+
+
+BAD_GOLDS = [
+    pytest.param(lambda: Aggregate(AggregateKind.COUNT, "total"), "aggregate count: counts events", id="count-field"),
+    pytest.param(lambda: Aggregate(AggregateKind.SUM), "aggregate sum: needs the field", id="sum-no-field"),
+    pytest.param(lambda: Aggregate("sum", "total"), "aggregate: kind must be an AggregateKind", id="kind-a-string"),
+    pytest.param(
+        lambda: Aggregate(AggregateKind.MAX, "total", column="max-total"),
+        "column 'max-total' is not a plain column name",
+        id="column-not-a-name",
+    ),
+    pytest.param(lambda: Gold("By Shop", (COUNT,)), "gold 'By Shop': a name is a lower-case letter", id="gold-name"),
+    pytest.param(lambda: Gold("empty", ()), "gold empty: declare at least one aggregate", id="no-aggregate"),
+    pytest.param(lambda: Gold("g", (COUNT,), "shop"), "gold g: dimensions must be a sequence", id="dimensions-string"),
+    pytest.param(
+        lambda: gold(COUNT, Aggregate(AggregateKind.MIN, "total", column="event_count")),
+        "gold by_shop: column event_count is declared twice",
+        id="column-twice",
+    ),
+    pytest.param(
+        lambda: gold(Aggregate(AggregateKind.MIN, "total", column="event_count")),
+        "gold by_shop: column event_count is taken by a column the pipeline adds",
+        id="count-column-taken",
+    ),
+    pytest.param(
+        lambda: gold(Aggregate(AggregateKind.MAX, "total", column="offset")),
+        "gold by_shop: column offset is taken",
+        id="kafka-column-taken",
+    ),
+    pytest.param(
+        lambda: gold(window="fortnightly"),
+        "gold by_shop: window: 'fortnightly' is not a duration",
+        id="window-not-a-duration",
+    ),
+]
+
+
+@pytest.mark.parametrize(("declare", "message"), BAD_GOLDS)
+def test_a_bad_aggregate_or_gold_fails_naming_what_is_wrong(declare, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        declare()
+
+
+BAD_DATASETS = [
+    pytest.param(
+        lambda: orders(gold(Aggregate(AggregateKind.SUM, "shop"))),
+        "gold by_shop: sum of shop needs a required DECIMAL, INTEGER or LONG field, not STRING",
+        id="sum-of-a-string",
+    ),
+    pytest.param(
+        lambda: orders(gold(Aggregate(AggregateKind.MAX, "paid"))),
+        "gold by_shop: max of paid needs a number or a timestamp, not BOOLEAN",
+        id="max-of-a-boolean",
+    ),
+    pytest.param(
+        lambda: orders(gold(Aggregate(AggregateKind.DISTINCT, "customer_id"))),
+        "gold by_shop: distinct of customer_id, not a field of the contract",
+        id="aggregate-field-not-declared",
+    ),
+    pytest.param(
+        lambda: orders(gold(dimensions=("country",))),
+        "gold by_shop: dimension country is not a field of the contract",
+        id="dimension-not-declared",
+    ),
+    pytest.param(
+        lambda: orders(gold(dimensions=("ordered_at",))),
+        "gold by_shop: the event time ordered_at is the window already",
+        id="event-time-as-dimension",
+    ),
+    pytest.param(lambda: orders(gold(), gold()), "dataset orders: gold by_shop is declared twice", id="gold-twice"),
+    pytest.param(lambda: Dataset("orders", ORDERS, ()), "dataset orders: declare at least one gold", id="no-gold"),
+    pytest.param(
+        lambda: Dataset("Orders", ORDERS, (gold(),)), "dataset 'Orders': a name is a lower-case letter", id="name"
+    ),
+    pytest.param(
+        lambda: orders(dedup_key=("coupon",)),
+        "dataset orders: dedup key coupon must be required",
+        id="dedup-key-optional",
+    ),
+    pytest.param(
+        lambda: orders(dedup_key=("order",)),
+        "dataset orders: dedup key order is not a field of the contract",
+        id="dedup-key-not-declared",
+    ),
+    pytest.param(
+        lambda: orders(dedup_key="order_id"),
+        "dataset orders: dedup_key must be a sequence",
+        id="dedup-key-a-string",
+    ),
+    pytest.param(
+        lambda: orders(dedup_horizon="7 days"),
+        "dataset orders: a dedup horizon needs a dedup key",
+        id="horizon-without-key",
+    ),
+    pytest.param(
+        lambda: orders(dedup_key=("order_id",), dedup_horizon="a week"),
+        "dataset orders: dedup_horizon: 'a week' is not a duration",
+        id="horizon-not-a-duration",
+    ),
+    pytest.param(
+        lambda: check_apart((orders(), Dataset("orders", EVENTS, (Gold.of("g", EVENTS),)))),
+        "dataset orders: declared twice",
+        id="dataset-twice",
+    ),
+    pytest.param(
+        lambda: check_apart((DATASETS[0], Dataset("shop", ORDERS, (gold(),), naming=Naming.SOLE))),
+        "dataset shop: table or stream bronze is dataset events's too",
+        id="two-sole-datasets",
+    ),
+]
+
+
+@pytest.mark.parametrize(("declare", "message"), BAD_DATASETS)
+def test_a_bad_dataset_fails_naming_the_dataset_and_what_is_wrong(declare, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        declare()
