@@ -11,7 +11,7 @@ pipeline's graph, which only the command has. It reads its settings from the spe
   on ``readStream.table("bronze")`` fails on a fresh pipeline with TABLE_OR_VIEW_NOT_FOUND, since the
   Connect planner analyses it before bronze exists (SPARK-57489).
 * silver: a streaming table of bronze's valid events, one typed column per field of the event contract
-  (``pipeline/contract.py``). ``from_json`` reads the fields, ``try_to_timestamp`` the event time (after
+  (``pipeline/datasets/events.py``). ``from_json`` reads the fields, ``try_to_timestamp`` the event time (after
   the same ISO-8601-with-offset pattern as the project's silver), and each DECIMAL field is taken from
   its raw JSON text: ``from_json`` also reads a JSON *string* into a DECIMAL ("1.5") and rounds a number
   that does not fit (1.005), both of which the project refuses. A record failing a check is dropped:

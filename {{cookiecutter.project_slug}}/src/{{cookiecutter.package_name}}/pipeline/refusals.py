@@ -242,7 +242,7 @@ class Refusal(Enum):
     )
     CONTRACT_CHANGED = Entry(
         title="Tables made for another event contract",
-        happened="the event contract (`pipeline/contract.py`) changed on an existing lakehouse",
+        happened="the event contract (`pipeline/datasets/events.py`) changed on an existing lakehouse",
         found="{table} at {path} was made for another event contract: {differences}.",
         way_out="to apply the contract, {reset}: {rebuilds} under it.",
         prefixed=False,
