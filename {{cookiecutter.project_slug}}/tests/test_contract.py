@@ -12,6 +12,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     DecimalType,
@@ -26,6 +28,7 @@ from pyspark.sql.types import (
 from {{ cookiecutter.package_name }}.devtools.sample import produce
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Gold
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
@@ -266,6 +269,62 @@ def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_
     no_quarantine = spark.createDataFrame([], QUARANTINE_SCHEMA)
     report = reconcile(keys, keys, silver, no_quarantine, gold, "1 minute", ORDERS)
     assert report.clean, report.as_dict()
+
+
+# A gold of other aggregates than the contract's own: per shop, the smallest and largest order, the
+# last order time and the smallest quantity.
+ORDER_EXTREMES = Gold(
+    "extremes",
+    dimensions=("shop",),
+    aggregates=(
+        Aggregate(AggregateKind.COUNT),
+        Aggregate(AggregateKind.MIN, "total"),
+        Aggregate(AggregateKind.MAX, "total"),
+        Aggregate(AggregateKind.MAX, "ordered_at"),
+        Aggregate(AggregateKind.MIN, "quantity"),
+    ),
+)
+
+
+def test_a_declared_gold_keeps_minima_and_maxima_across_batches_and_a_replayed_batch_changes_nothing(
+    spark, tmp_path
+):
+    path = str(tmp_path / "gold_extremes")
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(gold_schema(ORDERS, ORDER_EXTREMES)).execute()
+    at = datetime(2024, 1, 1, 10, 0, 5, tzinfo=UTC)
+
+    def silver(*orders):
+        kafka = ("orders", "id-1", 0)
+        rows = [
+            (order_id, at + timedelta(seconds=late), shop, None, quantity, 1, Decimal(total), *kafka, n, None, at)
+            for n, (order_id, late, shop, quantity, total) in enumerate(orders)
+        ]
+        return spark.createDataFrame(rows, silver_schema(ORDERS))
+
+    first = silver(("o1", 0, "north", 2, "10.05"), ("o2", 10, "north", 5, "3.00"), ("o3", 20, "south", 1, "7.00"))
+    second = silver(("o4", 30, "north", 1, "12.50"), ("o5", 1, "north", 9, "4.00"))
+    # The first batch is appended (no gold file holds its window), the second merged; then it is replayed.
+    for batch_id, batch in ((0, first), (1, second), (1, second)):
+        aggregates = window_aggregates(batch, "1 minute", ORDERS, ORDER_EXTREMES)
+        add_to_windows(aggregates, path, "test", batch_id, ORDERS, gold=ORDER_EXTREMES)
+
+    start, end = datetime(2024, 1, 1, 10, 0, tzinfo=UTC), datetime(2024, 1, 1, 10, 1, tzinfo=UTC)
+    expected = spark.createDataFrame(
+        [
+            (start, end, "north", 4, Decimal("3.00"), Decimal("12.50"), at + timedelta(seconds=30), 1),
+            (start, end, "south", 1, Decimal("7.00"), Decimal("7.00"), at + timedelta(seconds=20), 1),
+        ],
+        gold_schema(ORDERS, ORDER_EXTREMES),
+    )
+    assert_df_equality(spark.read.format("delta").load(path), expected, ignore_row_order=True)
+
+
+def test_a_gold_aggregate_the_stream_does_not_compute_is_refused_naming_its_column(spark):
+    distinct = Gold("coupons", (Aggregate(AggregateKind.DISTINCT, "coupon"),), dimensions=("shop",))
+    silver = spark.createDataFrame([], silver_schema(ORDERS))
+
+    with pytest.raises(ValueError, match="coupon_distinct is a distinct aggregate"):
+        window_aggregates(silver, "1 minute", ORDERS, distinct)
 
 
 # The default contract plus a required channel that gold also groups by, and an optional quantity.

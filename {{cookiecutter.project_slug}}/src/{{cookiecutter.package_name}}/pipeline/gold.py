@@ -1,8 +1,10 @@
-"""Gold: silver events counted and summed per tumbling event-time window and dimensions.
+"""Gold: silver events aggregated per tumbling event-time window and dimensions.
 
 The source is silver's Delta stream. Each batch is aggregated per window (``pipeline.gold_window``)
-and the contract's dimensions, then added to gold in a commit tagged with (stream id, batch id):
-addition is not idempotent by itself, the tag is what makes a replayed batch count nothing twice.
+and the gold's dimensions, then merged into gold in a commit tagged with (stream id, batch id).
+What a gold computes is its declaration (``dataset.Gold``): counts and sums are added to a window's
+row, minima and maxima kept with ``least`` and ``greatest``. Addition is not idempotent by itself,
+the tag is what makes a replayed batch count nothing twice.
 When no gold file may hold any of the batch's windows (a catch-up, a stream that moved on to new
 windows), the batch's rows are appended; otherwise a MERGE adds them to the rows of their windows,
 reading only the gold files that hold those windows.
@@ -25,7 +27,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config, duration_seconds
-from .contract import EVENT_COUNT, WINDOW_END, WINDOW_START, Contract
+from .contract import WINDOW_END, WINDOW_START, Contract
+from .dataset import AggregateKind, Gold
+from .datasets.events import DATASET as EVENTS_DATASET
 from .datasets.events import EVENTS
 from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
@@ -43,31 +47,92 @@ WINDOW_PROPERTY = "lakehouse.gold.window"
 STREAM = "gold"
 
 
-def window_aggregates(events: DataFrame, window_duration: str, contract: Contract = EVENTS) -> DataFrame:
-    """Count and measure sums per tumbling event-time window and dimension values."""
-    sums = [F.sum(measure).alias(contract.measure_column(measure)) for measure in contract.measures]
+def declared(contract: Contract, gold: Gold | None) -> Gold:
+    """``gold``, checked against ``contract``; None is the contract's own gold (``Gold.of``): its event
+    count and the sum of each measure, by its dimensions.
+
+    Example::
+
+        declared(EVENTS, None).values  # ('event_count', 'amount_sum')
+    """
+    if not isinstance(contract, Contract):
+        raise TypeError(f"contract must be a Contract, not {type(contract).__name__}")
+    if gold is None:
+        return Gold.of(EVENTS_DATASET.golds[0].name, contract)
+    if not isinstance(gold, Gold):
+        raise TypeError(f"gold must be a Gold, not {type(gold).__name__}")
+    gold.check_against(contract)
+    return gold
+
+
+# What a window's row becomes when a batch brings more of it: the target's value ``t`` and the batch's ``s``.
+# least and greatest skip a null, so an optional field's minimum is the least value present.
+_MERGED = {
+    AggregateKind.COUNT: lambda t, s: t + s,
+    AggregateKind.SUM: lambda t, s: t + s,
+    AggregateKind.MIN: F.least,
+    AggregateKind.MAX: F.greatest,
+}
+_AGGREGATED = {
+    AggregateKind.COUNT: lambda field: F.count(F.lit(1)),
+    AggregateKind.SUM: F.sum,
+    AggregateKind.MIN: F.min,
+    AggregateKind.MAX: F.max,
+}
+
+
+def _computed(gold: Gold) -> None:
+    for aggregate in gold.aggregates:
+        if aggregate.kind not in _MERGED:
+            raise ValueError(
+                f"gold {gold.name}: {aggregate.column} is a {aggregate.kind} aggregate, which the gold stream does "
+                f"not compute; it computes {', '.join(_MERGED)}"
+            )
+
+
+def window_aggregates(
+    events: DataFrame, window_duration: str, contract: Contract = EVENTS, gold: Gold | None = None
+) -> DataFrame:
+    """Per tumbling event-time window and dimension values, the aggregates ``gold`` declares
+    (None: the contract's count and measure sums).
+
+    Example::
+
+        window_aggregates(silver, "1 minute").columns
+        # ['window_start', 'window_end', 'event_type', 'event_count', 'amount_sum']
+    """
+    gold = declared(contract, gold)
+    _computed(gold)
+    aggregates = [_AGGREGATED[aggregate.kind](aggregate.field).alias(aggregate.column) for aggregate in gold.aggregates]
     return (
-        events.groupBy(F.window(contract.event_time, window_duration).alias("_window"), *contract.dimensions)
-        .agg(F.count(F.lit(1)).alias(EVENT_COUNT), *sums)
+        events.groupBy(F.window(contract.event_time, window_duration).alias("_window"), *gold.dimensions)
+        .agg(*aggregates)
         .select(
             F.col("_window.start").alias(WINDOW_START),
             F.col("_window.end").alias(WINDOW_END),
-            *contract.dimensions,
-            *contract.gold_values,
+            *gold.dimensions,
+            *gold.values,
         )
     )
 
 
-def _same_gold_row(contract: Contract) -> Column:
+def _merged_values(gold: Gold) -> dict[str, Column]:
+    return {
+        aggregate.column: _MERGED[aggregate.kind](F.col(f"t.{aggregate.column}"), F.col(f"s.{aggregate.column}"))
+        for aggregate in gold.aggregates
+    }
+
+
+def _same_gold_row(contract: Contract, gold: Gold) -> Column:
     # An optional dimension can be null, and null = null is not true: <=> matches it.
-    nullable = {name for name in contract.dimensions if not contract.field(name).required}
+    nullable = {name for name in gold.dimensions if not contract.field(name).required}
     return reduce(
         lambda left, right: left & right,
         [
             F.col(f"t.{name}").eqNullSafe(F.col(f"s.{name}"))
             if name in nullable
             else F.col(f"t.{name}") == F.col(f"s.{name}")
-            for name in contract.gold_key
+            for name in gold.key
         ],
     )
 
@@ -140,11 +205,12 @@ def add_to_windows(
     batch_id: int,
     contract: Contract = EVENTS,
     windows: list[tuple[datetime, datetime]] | None = None,
+    gold: Gold | None = None,
 ) -> None:
-    """Add a batch's per-window counts and sums to the gold table.
+    """Merge a batch's per-window aggregates (``window_aggregates``) into the gold table.
 
-    Rows match on the contract's gold key (window and dimensions); event_count and every
-    measure sum are added. Addition is not idempotent by itself; the transaction tag is what
+    Rows match on the gold's key (window and dimensions); counts and sums are added, minima and
+    maxima kept. Addition is not idempotent by itself; the transaction tag is what
     makes a replayed batch count nothing twice. ``windows`` are the batch's
     (``touched_windows``, computed here when None). When no gold file may hold any of them
     (``may_hold``, asked of the files' statistics), no gold row shares a key with the batch
@@ -157,6 +223,8 @@ def add_to_windows(
     """
     if not path:
         raise ValueError("path must name a Delta table")
+    gold = declared(contract, gold)
+    _computed(gold)
     session = aggregates.sparkSession
     if windows is None:
         windows = touched_windows(aggregates)
@@ -169,7 +237,7 @@ def add_to_windows(
     if not may_hold(session, path, _window_predicate(windows)):
         append_idempotent(aggregates, path, app_id, batch_id)
         return
-    condition = _same_gold_row(contract) & _window_predicate(windows, prefix="t.")
+    condition = _same_gold_row(contract, gold) & _window_predicate(windows, prefix="t.")
 
     def merge() -> None:
         with delta_transaction(session, app_id, batch_id):
@@ -177,7 +245,7 @@ def add_to_windows(
                 DeltaTable.forPath(session, path)
                 .alias("t")
                 .merge(aggregates.alias("s"), condition)
-                .whenMatchedUpdate(set={name: F.col(f"t.{name}") + F.col(f"s.{name}") for name in contract.gold_values})
+                .whenMatchedUpdate(set=_merged_values(gold))
                 .whenNotMatchedInsertAll()
                 .execute()
             )

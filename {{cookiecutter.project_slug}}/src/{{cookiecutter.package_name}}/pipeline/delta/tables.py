@@ -33,7 +33,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..contract import EVENT_COUNT, WINDOW_END, WINDOW_START, Contract
+from ..contract import WINDOW_END, WINDOW_START, Contract
+from ..dataset import Aggregate, AggregateKind, Gold
 from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
 from ..refusals import Refusal
@@ -101,19 +102,40 @@ def silver_schema(contract: Contract = EVENTS) -> StructType:
     return StructType([*fields, *SILVER_KAFKA_FIELDS])
 
 
-def gold_schema(contract: Contract = EVENTS) -> StructType:
-    """Window, dimensions, event_count and one sum per measure."""
-    dimensions = [contract.field(name) for name in contract.dimensions]
-    measures = [contract.field(name) for name in contract.measures]
+def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> StructType:
+    """Window, dimensions, then one column per aggregate ``gold`` declares (None: the contract's
+    event_count and one sum per measure).
+
+    Example::
+
+        gold_schema(EVENTS).fieldNames()  # ['window_start', 'window_end', 'event_type', 'event_count', 'amount_sum']
+    """
+    if not isinstance(contract, Contract):
+        raise TypeError(f"contract must be a Contract, not {type(contract).__name__}")
+    if gold is None:
+        gold = Gold.of(EVENTS_DATASET.golds[0].name, contract)
+    gold.check_against(contract)
+    dimensions = [contract.field(name) for name in gold.dimensions]
     return StructType(
         [
             StructField(WINDOW_START, TimestampType(), False),
             StructField(WINDOW_END, TimestampType(), False),
             *(StructField(field.name, field.spark_type, not field.required) for field in dimensions),
-            StructField(EVENT_COUNT, LongType(), False),
-            *(StructField(contract.measure_column(field.name), field.sum_type, False) for field in measures),
+            *(_aggregate_field(aggregate, contract) for aggregate in gold.aggregates),
         ]
     )
+
+
+def _aggregate_field(aggregate: Aggregate, contract: Contract) -> StructField:
+    if aggregate.kind is AggregateKind.COUNT:
+        return StructField(aggregate.column, LongType(), False)
+    field = contract.field(aggregate.field)
+    if aggregate.kind is AggregateKind.SUM:
+        return StructField(aggregate.column, field.sum_type, False)
+    if aggregate.kind in (AggregateKind.MIN, AggregateKind.MAX):
+        # Of an optional field, a window whose events all lack it has none.
+        return StructField(aggregate.column, field.spark_type, not field.required)
+    return StructField(aggregate.column, LongType(), False)  # a distinct count
 
 
 def table_schemas(contract: Contract = EVENTS) -> dict[str, StructType]:
