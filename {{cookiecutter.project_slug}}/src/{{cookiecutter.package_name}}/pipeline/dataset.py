@@ -105,13 +105,7 @@ class Gold:
     window: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _is_name(self.name):
-            raise ValueError(f"gold {self.name!r}: a name is a lower-case letter followed by [a-z0-9_]")
-        for attribute in ("aggregates", "dimensions"):
-            value = getattr(self, attribute)
-            if isinstance(value, str):
-                raise ValueError(f"gold {self.name}: {attribute} must be a sequence, not the string {value!r}")
-            object.__setattr__(self, attribute, tuple(value))
+        _check_name_and_freeze(self, "gold", ("aggregates", "dimensions"))
         if not self.aggregates:
             raise ValueError(f"gold {self.name}: declare at least one aggregate")
         for aggregate in self.aggregates:
@@ -207,15 +201,9 @@ class Dataset:
     naming: Naming = Naming.DATASET
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _is_name(self.name):
-            raise ValueError(f"dataset {self.name!r}: a name is a lower-case letter followed by [a-z0-9_]")
+        _check_name_and_freeze(self, "dataset", ("golds", "dedup_key"))
         if not isinstance(self.contract, Contract):
             raise ValueError(f"dataset {self.name}: contract must be a Contract, not {type(self.contract).__name__}")
-        for attribute in ("golds", "dedup_key"):
-            value = getattr(self, attribute)
-            if isinstance(value, str):
-                raise ValueError(f"dataset {self.name}: {attribute} must be a sequence, not the string {value!r}")
-            object.__setattr__(self, attribute, tuple(value))
         if not self.golds:
             raise ValueError(f"dataset {self.name}: declare at least one gold")
         names = [gold.name for gold in self.golds if isinstance(gold, Gold)]
@@ -285,3 +273,14 @@ class Dataset:
 
 def _is_name(name: str) -> bool:
     return DATASET_NAME_PATTERN.fullmatch(name) is not None
+
+
+def _check_name_and_freeze(declared: Gold | Dataset, what: str, sequences: tuple[str, ...]) -> None:
+    """ValueError on a bad name or a string given as a sequence; the sequences frozen as tuples."""
+    if not isinstance(declared.name, str) or not _is_name(declared.name):
+        raise ValueError(f"{what} {declared.name!r}: a name is a lower-case letter followed by [a-z0-9_]")
+    for attribute in sequences:
+        value = getattr(declared, attribute)
+        if isinstance(value, str):
+            raise ValueError(f"{what} {declared.name}: {attribute} must be a sequence, not the string {value!r}")
+        object.__setattr__(declared, attribute, tuple(value))
