@@ -8,7 +8,14 @@ from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, K
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold, Naming
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, check_apart, dataset
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA, STREAMS, TABLES
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
+    FUSED,
+    GOLD_SCHEMA,
+    STREAMS,
+    TABLES,
+    dataset_streams,
+    fused_stream,
+)
 
 ORDERS = Contract(
     fields=(
@@ -51,12 +58,29 @@ def test_a_dataset_names_its_tables_and_streams_after_itself_and_its_golds():
     assert hourly.values == ("customer_approx_distinct",)
 
 
+def test_a_datasets_streams_read_and_write_its_own_tables_and_each_gold_has_a_stream():
+    by_shop, hourly = gold(), gold(name="hourly", dimensions=())
+    streams = dataset_streams(orders(by_shop, hourly))
+
+    golds = ("orders_gold_by_shop", "orders_gold_hourly")
+    assert [(s.name, s.source, s.sinks, s.downstream, s.rebuilt_from_source) for s in streams.values()] == [
+        ("orders_bronze", "kafka", ("bronze_orders",), ("orders_silver", *golds), False),
+        ("orders_silver", "bronze_orders", ("silver_orders", "quarantine_orders"), golds, False),
+        ("orders_gold_by_shop", "silver_orders", ("gold_orders_by_shop",), (), True),
+        ("orders_gold_hourly", "silver_orders", ("gold_orders_hourly",), (), True),
+    ]
+    fused = fused_stream(orders(by_shop, hourly))
+    assert (fused.name, fused.source, fused.sinks) == ("orders_fused", "kafka", orders(by_shop, hourly).tables)
+
+
 def test_the_first_dataset_keeps_the_names_of_a_lakehouse_of_one_dataset():
     # A lakehouse written before datasets existed runs on under these names, without a migration.
     [events] = [declared for declared in DATASETS if declared.naming is Naming.SOLE]
     assert events.tables == TABLES == ("bronze_events", "silver_events", "quarantine_events", "gold_event_windows")
     assert events.streams == tuple(STREAMS) == ("bronze", "silver", "gold")
-    assert events.stream("fused") == "fused"
+    assert events.stream("fused") == FUSED.name == "fused"
+    assert FUSED.sinks == TABLES
+    assert STREAMS["bronze"].downstream == ("silver", "gold")
     assert events.contract is EVENTS
     assert events.golds[0].columns == tuple(GOLD_SCHEMA.fieldNames())
     second = Gold("by_user", (COUNT,), ("user_id",))

@@ -34,7 +34,7 @@ from pyspark.sql.types import (
 )
 
 from ..contract import WINDOW_END, WINDOW_START, Contract
-from ..dataset import Aggregate, AggregateKind, Gold
+from ..dataset import Aggregate, AggregateKind, Dataset, Gold
 from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
 from ..refusals import Refusal
@@ -204,16 +204,44 @@ class Stream:
     reads_changes: bool = False
 
 
-STREAMS = {
-    "bronze": Stream("bronze", "kafka", (BRONZE,), ("silver", "gold")),
-    "silver": Stream("silver", BRONZE, (SILVER, QUARANTINE), ("gold",)),
-    "gold": Stream("gold", SILVER, (GOLD,), (), rebuilt_from_source=True),
-}
+def dataset_streams(dataset: Dataset) -> dict[str, Stream]:
+    """``dataset``'s layered streams by name, bronze first: what each reads and writes, and which
+    streams are downstream of it (each gold's stream its own).
+
+    Example::
+
+        list(dataset_streams(EVENTS_DATASET))  # ['bronze', 'silver', 'gold']
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    bronze, silver = dataset.stream("bronze"), dataset.stream("silver")
+    golds = {dataset.gold_stream(gold): dataset.gold_table(gold) for gold in dataset.golds}
+    return {
+        bronze: Stream(bronze, "kafka", (dataset.bronze,), (silver, *golds)),
+        silver: Stream(silver, dataset.bronze, (dataset.silver, dataset.quarantine), tuple(golds)),
+        **{name: Stream(name, dataset.silver, (table,), (), rebuilt_from_source=True) for name, table in golds.items()},
+    }
+
+
+def fused_stream(dataset: Dataset) -> Stream:
+    """``dataset``'s one stream of the low-latency mode: Kafka into all of its tables in each batch.
+
+    Example::
+
+        fused_stream(EVENTS_DATASET).sinks
+        # ('bronze_events', 'silver_events', 'quarantine_events', 'gold_event_windows')
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    return Stream(dataset.stream("fused"), "kafka", dataset.tables, (), rebuilt_from_source=True)
+
+
+STREAMS = dataset_streams(EVENTS_DATASET)
 LAYERS = tuple(STREAMS)
 
 # The low-latency mode's one stream (fused.py): Kafka into all four tables in each batch. It runs
 # instead of the three layered streams, never beside them (streams.check_mode).
-FUSED = Stream("fused", "kafka", (BRONZE, SILVER, QUARANTINE, GOLD), (), rebuilt_from_source=True)
+FUSED = fused_stream(EVENTS_DATASET)
 
 # Files a stream reading a Delta table admits per batch (Delta's maxFilesPerTrigger, 1,000 by default):
 # unlimited, so that a batch never ends inside a version. A version split over batches (a rebuild's
