@@ -272,7 +272,7 @@ def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_
 
 
 # A gold of other aggregates than the contract's own: per shop, the smallest and largest order, the
-# last order time and the smallest quantity.
+# last order time, the smallest quantity and about how many distinct order ids.
 ORDER_EXTREMES = Gold(
     "extremes",
     dimensions=("shop",),
@@ -282,6 +282,7 @@ ORDER_EXTREMES = Gold(
         Aggregate(AggregateKind.MAX, "total"),
         Aggregate(AggregateKind.MAX, "ordered_at"),
         Aggregate(AggregateKind.MIN, "quantity"),
+        Aggregate(AggregateKind.APPROX_DISTINCT, "order_id"),
     ),
 )
 
@@ -302,21 +303,28 @@ def test_a_declared_gold_keeps_minima_and_maxima_across_batches_and_a_replayed_b
         return spark.createDataFrame(rows, silver_schema(ORDERS))
 
     first = silver(("o1", 0, "north", 2, "10.05"), ("o2", 10, "north", 5, "3.00"), ("o3", 20, "south", 1, "7.00"))
-    second = silver(("o4", 30, "north", 1, "12.50"), ("o5", 1, "north", 9, "4.00"))
+    # o1 again, in another Kafka record: an order counted twice, an order id once.
+    second = silver(("o4", 30, "north", 1, "12.50"), ("o5", 1, "north", 9, "4.00"), ("o1", 40, "north", 3, "5.00"))
     # The first batch is appended (no gold file holds its window), the second merged; then it is replayed.
     for batch_id, batch in ((0, first), (1, second), (1, second)):
         aggregates = window_aggregates(batch, "1 minute", ORDERS, ORDER_EXTREMES)
         add_to_windows(aggregates, path, "test", batch_id, ORDERS, gold=ORDER_EXTREMES)
 
     start, end = datetime(2024, 1, 1, 10, 0, tzinfo=UTC), datetime(2024, 1, 1, 10, 1, tzinfo=UTC)
+    schema = gold_schema(ORDERS, ORDER_EXTREMES)
     expected = spark.createDataFrame(
         [
-            (start, end, "north", 4, Decimal("3.00"), Decimal("12.50"), at + timedelta(seconds=30), 1),
-            (start, end, "south", 1, Decimal("7.00"), Decimal("7.00"), at + timedelta(seconds=20), 1),
+            (start, end, "north", 5, Decimal("3.00"), Decimal("12.50"), at + timedelta(seconds=40), 1, 4),
+            (start, end, "south", 1, Decimal("7.00"), Decimal("7.00"), at + timedelta(seconds=20), 1, 1),
         ],
-        gold_schema(ORDERS, ORDER_EXTREMES),
+        StructType([field for field in schema.fields if field.name not in ORDER_EXTREMES.sketches]),
     )
-    assert_df_equality(spark.read.format("delta").load(path), expected, ignore_row_order=True)
+    gold = spark.read.format("delta").load(path)
+    assert gold.schema == schema
+    assert_df_equality(gold.drop(*ORDER_EXTREMES.sketches), expected, ignore_row_order=True)
+    # The estimate is the merged sketch's, and a sketch of all the orders at once says the same.
+    recomputed = window_aggregates(first.unionByName(second), "1 minute", ORDERS, ORDER_EXTREMES)
+    assert_df_equality(recomputed.drop(*ORDER_EXTREMES.sketches), expected, ignore_row_order=True, ignore_nullable=True)
 
 
 def test_a_gold_aggregate_the_stream_does_not_compute_is_refused_naming_its_column(spark):

@@ -56,6 +56,7 @@ def test_a_dataset_names_its_tables_and_streams_after_itself_and_its_golds():
     assert declared.stream("fused") == "orders_fused"
     assert by_shop.columns == ("window_start", "window_end", "shop", "event_count", "total_max", "customer_distinct")
     assert hourly.values == ("customer_approx_distinct",)
+    assert (by_shop.sketches, hourly.sketches) == ((), ("customer_approx_distinct_sketch",))
 
 
 def test_a_datasets_streams_read_and_write_its_own_tables_and_each_gold_has_a_stream():

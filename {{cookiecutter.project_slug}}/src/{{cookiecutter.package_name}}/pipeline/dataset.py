@@ -91,6 +91,12 @@ class Aggregate:
         if not NAME_PATTERN.fullmatch(self.column):
             raise ValueError(f"aggregate {self.kind}: column {self.column!r} is not a plain column name")
 
+    @property
+    def sketch_column(self) -> str | None:
+        """Where gold keeps an approximate distinct count's HyperLogLog sketch, merged batch by batch; None
+        for the other kinds."""
+        return f"{self.column}_sketch" if self.kind is AggregateKind.APPROX_DISTINCT else None
+
 
 @dataclass(frozen=True)
 class Gold:
@@ -114,7 +120,7 @@ class Gold:
         if self.window is not None:
             duration_seconds(self.window, f"gold {self.name}: window")
         seen: dict[str, str] = {}
-        for column in self.columns:
+        for column in (*self.columns, *self.sketches):
             # Spark and Delta resolve column names case-insensitively.
             if column.lower() in seen:
                 raise ValueError(f"gold {self.name}: column {column} is declared twice")
@@ -150,6 +156,11 @@ class Gold:
     @property
     def columns(self) -> tuple[str, ...]:
         return (*self.key, *self.values)
+
+    @property
+    def sketches(self) -> tuple[str, ...]:
+        """The columns gold keeps to merge its approximate distinct counts, after ``columns``."""
+        return tuple(aggregate.sketch_column for aggregate in self.aggregates if aggregate.sketch_column)
 
     def check_against(self, contract: Contract) -> None:
         """ValueError naming the first field this gold uses that ``contract`` does not have as it needs it."""

@@ -104,7 +104,7 @@ def silver_schema(contract: Contract = EVENTS) -> StructType:
 
 def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> StructType:
     """Window, dimensions, then one column per aggregate ``gold`` declares (None: the contract's
-    event_count and one sum per measure).
+    event_count and one sum per measure), then the sketch of each approximate distinct count.
 
     Example::
 
@@ -122,6 +122,7 @@ def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> Struct
             StructField(WINDOW_END, TimestampType(), False),
             *(StructField(field.name, field.spark_type, not field.required) for field in dimensions),
             *(_aggregate_field(aggregate, contract) for aggregate in gold.aggregates),
+            *(StructField(name, BinaryType(), False) for name in gold.sketches),
         ]
     )
 
