@@ -26,6 +26,7 @@ from pyspark.sql.types import (
 )
 
 from {{ cookiecutter.package_name }}.devtools.sample import produce
+from {{ cookiecutter.package_name }}.pipeline import gold as gold_module
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Gold
@@ -40,6 +41,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     SILVER_SCHEMA,
     Lakehouse,
     TableSchemaError,
+    distinct_values_schema,
     ensure_tables,
     gold_schema,
     latest_snapshot,
@@ -47,7 +49,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     silver_schema,
     with_downstream,
 )
-from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, window_aggregates
+from {{ cookiecutter.package_name }}.pipeline.gold import add_to_windows, distinct_values, touched_windows, window_aggregates
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR
@@ -327,12 +329,65 @@ def test_a_declared_gold_keeps_minima_and_maxima_across_batches_and_a_replayed_b
     assert_df_equality(recomputed.drop(*ORDER_EXTREMES.sketches), expected, ignore_row_order=True, ignore_nullable=True)
 
 
-def test_a_gold_aggregate_the_stream_does_not_compute_is_refused_naming_its_column(spark):
-    distinct = Gold("coupons", (Aggregate(AggregateKind.DISTINCT, "coupon"),), dimensions=("shop",))
-    silver = spark.createDataFrame([], silver_schema(ORDERS))
+# Per shop and coupon (optional: a null coupon is one group), the orders and the distinct order ids.
+ORDER_IDS = Gold(
+    "order_ids",
+    dimensions=("shop", "coupon"),
+    aggregates=(Aggregate(AggregateKind.COUNT), Aggregate(AggregateKind.DISTINCT, "order_id")),
+)
 
-    with pytest.raises(ValueError, match="coupon_distinct is a distinct aggregate"):
-        window_aggregates(silver, "1 minute", ORDERS, distinct)
+
+def test_an_exact_distinct_count_counts_each_value_once_across_batches_and_through_a_replay(spark, tmp_path):
+    gold_path, values_path = str(tmp_path / "gold_order_ids"), str(tmp_path / "gold_order_ids_values")
+    DeltaTable.createIfNotExists(spark).location(gold_path).addColumns(gold_schema(ORDERS, ORDER_IDS)).execute()
+    values_schema = distinct_values_schema(ORDERS, ORDER_IDS, "order_id_distinct")
+    DeltaTable.createIfNotExists(spark).location(values_path).addColumns(values_schema).execute()
+    at = datetime(2024, 1, 1, 10, 0, 5, tzinfo=UTC)
+
+    def silver(*orders):
+        kafka = ("orders", "id-1", 0)
+        rows = [
+            (order_id, at, "north", coupon, 1, 1, Decimal("1.00"), *kafka, n, None, at)
+            for n, (order_id, coupon) in enumerate(orders)
+        ]
+        return spark.createDataFrame(rows, silver_schema(ORDERS))
+
+    def values(batch):
+        return distinct_values(batch, "1 minute", ORDERS, ORDER_IDS)["order_id_distinct"]
+
+    def add(batch, batch_id):
+        aggregates = window_aggregates(batch, "1 minute", ORDERS, ORDER_IDS)
+        distinct = {"order_id_distinct": (values(batch), values_path)}
+        add_to_windows(aggregates, gold_path, "test", batch_id, ORDERS, gold=ORDER_IDS, distinct=distinct)
+
+    first = silver(("o1", None), ("o2", None), ("o1", None), ("o3", "SPRING"))
+    second = silver(("o2", None), ("o4", None), ("o3", "SPRING"))
+    add(first, 0)
+    # The process dies after the second batch's new values are recorded, before gold's commit: the
+    # replay skips the recording (its tag) and still counts what the batch recorded.
+    windows = touched_windows(window_aggregates(second, "1 minute", ORDERS, ORDER_IDS))
+    gold_module._count_new_values(values(second), values_path, "test", 1, ORDERS, ORDER_IDS, windows).collect()
+    add(second, 1)
+    add(second, 1)  # and again, after gold's commit: nothing changes
+
+    start, end = datetime(2024, 1, 1, 10, 0, tzinfo=UTC), datetime(2024, 1, 1, 10, 1, tzinfo=UTC)
+    expected = spark.createDataFrame(
+        [(start, end, "north", None, 5, 3), (start, end, "north", "SPRING", 2, 1)], gold_schema(ORDERS, ORDER_IDS)
+    )
+    assert_df_equality(spark.read.format("delta").load(gold_path), expected, ignore_row_order=True)
+    # A count over all the orders at once agrees.
+    recomputed = window_aggregates(first.unionByName(second), "1 minute", ORDERS, ORDER_IDS)
+    assert_df_equality(recomputed, expected, ignore_row_order=True, ignore_nullable=True)
+    # Each value is held once, marked with the batch that brought it first.
+    held = {(r.coupon, r.value, r.first_batch) for r in spark.read.format("delta").load(values_path).collect()}
+    assert held == {(None, "o1", 0), (None, "o2", 0), ("SPRING", "o3", 0), (None, "o4", 1)}
+
+
+def test_an_exact_distinct_count_needs_the_batchs_values_and_their_table(spark):
+    aggregates = window_aggregates(spark.createDataFrame([], silver_schema(ORDERS)), "1 minute", ORDERS, ORDER_IDS)
+
+    with pytest.raises(ValueError, match=r"distinct must give the values and table of \['order_id_distinct'\]"):
+        add_to_windows(aggregates, "/unused", "test", 0, ORDERS, gold=ORDER_IDS)
 
 
 # The default contract plus a required channel that gold also groups by, and an optional quantity.

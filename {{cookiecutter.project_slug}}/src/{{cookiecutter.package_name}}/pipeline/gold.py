@@ -32,7 +32,17 @@ from .contract import WINDOW_END, WINDOW_START, Contract
 from .dataset import Aggregate, AggregateKind, Gold
 from .datasets.events import DATASET as EVENTS_DATASET
 from .datasets.events import EVENTS
-from .delta.tables import GOLD, Lakehouse, latest_snapshot, may_hold, read_properties, set_properties
+from .delta.tables import (
+    FIRST_BATCH,
+    FIRST_STREAM,
+    GOLD,
+    VALUE,
+    Lakehouse,
+    latest_snapshot,
+    may_hold,
+    read_properties,
+    set_properties,
+)
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .instants import from_micros, literal
 from .recovery import checkpoints
@@ -75,6 +85,8 @@ _MERGED = {
     AggregateKind.MAX: F.greatest,
     # The sketches' union; the estimate is made from it (below).
     AggregateKind.APPROX_DISTINCT: F.hll_union,
+    # A batch brings the count of the values new to the window (``add_to_windows``).
+    AggregateKind.DISTINCT: lambda t, s: t + s,
 }
 _AGGREGATED = {
     AggregateKind.COUNT: lambda field: F.count(F.lit(1)),
@@ -83,16 +95,10 @@ _AGGREGATED = {
     AggregateKind.MAX: F.max,
     # Spark's HyperLogLog sketch (DataSketches, lgConfigK 12: a relative standard error of about 1.6 %).
     AggregateKind.APPROX_DISTINCT: F.hll_sketch_agg,
+    # Exact over the rows given: right for a whole table; a batch's is replaced by its new values' count.
+    AggregateKind.DISTINCT: F.count_distinct,
 }
 
-
-def _computed(gold: Gold) -> None:
-    for aggregate in gold.aggregates:
-        if aggregate.kind not in _MERGED:
-            raise ValueError(
-                f"gold {gold.name}: {aggregate.column} is a {aggregate.kind} aggregate, which the gold stream does "
-                f"not compute; it computes {', '.join(_MERGED)}"
-            )
 
 
 def window_aggregates(
@@ -107,7 +113,6 @@ def window_aggregates(
         # ['window_start', 'window_end', 'event_type', 'event_count', 'amount_sum']
     """
     gold = declared(contract, gold)
-    _computed(gold)
     # An approximate distinct count is aggregated as its sketch, and estimated from it.
     aggregates = [
         _AGGREGATED[aggregate.kind](aggregate.field).alias(aggregate.sketch_column or aggregate.column)
@@ -134,6 +139,73 @@ def _estimated(aggregate: Aggregate, sketch: Column | None = None) -> Column:
     return F.hll_sketch_estimate(sketch).alias(aggregate.column)
 
 
+def distinct_values(
+    events: DataFrame, window_duration: str, contract: Contract = EVENTS, gold: Gold | None = None
+) -> dict[str, DataFrame]:
+    """Per exact distinct count of ``gold`` (by its column), the distinct (window, dimensions, value)
+    rows of ``events``, nulls left out: what ``add_to_windows`` records in the aggregate's table of values.
+
+    Example::
+
+        distinct_values(batch, "1 minute", ORDERS, by_shop)["customer_distinct"].columns
+        # ['window_start', 'window_end', 'shop', 'value']
+    """
+    gold = declared(contract, gold)
+    window = F.window(contract.event_time, window_duration)
+    return {
+        aggregate.column: events.where(F.col(aggregate.field).isNotNull())
+        .select(
+            window.start.alias(WINDOW_START),
+            window.end.alias(WINDOW_END),
+            *gold.dimensions,
+            F.col(aggregate.field).alias(VALUE),
+        )
+        .distinct()
+        for aggregate in gold.aggregates
+        if aggregate.kind is AggregateKind.DISTINCT
+    }
+
+
+def _count_new_values(
+    values: DataFrame,
+    path: str,
+    app_id: str | None,
+    batch_id: int,
+    contract: Contract,
+    gold: Gold,
+    windows: list[tuple[datetime, datetime]],
+) -> DataFrame:
+    """Insert the batch's ``values`` the table at ``path`` lacks, each marked with this batch, in a
+    commit tagged (``app_id``, ``batch_id``); then count, per gold key, the values marked with it.
+
+    The count is read back from the table, not from the insert: a replay after the insert committed
+    (it is skipped) counts the same values.
+    """
+    session = values.sparkSession
+    marked = values.withColumns({FIRST_STREAM: F.lit(app_id).cast("string"), FIRST_BATCH: F.lit(batch_id)})
+    condition = _same_gold_row(contract, gold) & (F.col(f"t.{VALUE}") == F.col(f"s.{VALUE}"))
+
+    def insert() -> None:
+        with delta_transaction(session, app_id, batch_id):
+            (
+                DeltaTable.forPath(session, path)
+                .alias("t")
+                .merge(marked.alias("s"), condition & _window_predicate(windows, prefix="t."))
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    retry_conflicts(insert, f"{path} batch {batch_id}")
+    this_batch = F.col(FIRST_STREAM).eqNullSafe(F.lit(app_id).cast("string")) & (F.col(FIRST_BATCH) == batch_id)
+    return (
+        session.read.format("delta")
+        .load(path)
+        .where(_window_predicate(windows) & this_batch)
+        .groupBy(*gold.key)
+        .count()
+    )
+
+
 def _merged_values(gold: Gold) -> dict[str, Column]:
     merged = {}
     for aggregate in gold.aggregates:
@@ -144,15 +216,16 @@ def _merged_values(gold: Gold) -> dict[str, Column]:
     return merged
 
 
-def _same_gold_row(contract: Contract, gold: Gold) -> Column:
+def _same_gold_row(contract: Contract, gold: Gold, aliases: tuple[str, str] = ("t", "s")) -> Column:
     # An optional dimension can be null, and null = null is not true: <=> matches it.
     nullable = {name for name in gold.dimensions if not contract.field(name).required}
+    left, right = aliases
     return reduce(
-        lambda left, right: left & right,
+        lambda one, other: one & other,
         [
-            F.col(f"t.{name}").eqNullSafe(F.col(f"s.{name}"))
+            F.col(f"{left}.{name}").eqNullSafe(F.col(f"{right}.{name}"))
             if name in nullable
-            else F.col(f"t.{name}") == F.col(f"s.{name}")
+            else F.col(f"{left}.{name}") == F.col(f"{right}.{name}")
             for name in gold.key
         ],
     )
@@ -227,11 +300,15 @@ def add_to_windows(
     contract: Contract = EVENTS,
     windows: list[tuple[datetime, datetime]] | None = None,
     gold: Gold | None = None,
+    distinct: dict[str, tuple[DataFrame, str]] | None = None,
 ) -> None:
     """Merge a batch's per-window aggregates (``window_aggregates``) into the gold table.
 
     Rows match on the gold's key (window and dimensions); counts and sums are added, minima and
-    maxima kept. Addition is not idempotent by itself; the transaction tag is what
+    maxima kept. An exact distinct count needs, in ``distinct`` under its column, the batch's
+    values (``distinct_values``) and the path of its table of values (made with ``distinct_values_schema``):
+    the values new to that table are recorded there first, and their count is added to gold.
+    Addition is not idempotent by itself; the transaction tag is what
     makes a replayed batch count nothing twice. ``windows`` are the batch's
     (``touched_windows``, computed here when None). When no gold file may hold any of them
     (``may_hold``, asked of the files' statistics), no gold row shares a key with the batch
@@ -245,12 +322,25 @@ def add_to_windows(
     if not path:
         raise ValueError("path must name a Delta table")
     gold = declared(contract, gold)
-    _computed(gold)
+    distinct = distinct or {}
+    wanted = {aggregate.column for aggregate in gold.aggregates if aggregate.kind is AggregateKind.DISTINCT}
+    if set(distinct) != wanted:
+        raise ValueError(f"distinct must give the values and table of {sorted(wanted)}, not of {sorted(distinct)}")
     session = aggregates.sparkSession
     if windows is None:
         windows = touched_windows(aggregates)
     if not windows:
         return
+    for column, (values, values_path) in distinct.items():
+        # The batch's count of distinct values becomes the count of those new to the window.
+        new_values = _count_new_values(values, values_path, app_id, batch_id, contract, gold, windows)
+        same_key = _same_gold_row(contract, gold, ("a", "n"))
+        aggregates = aggregates.alias("a").join(new_values.alias("n"), same_key, "left").select(
+            *(
+                F.coalesce(F.col("n.count"), F.lit(0)).alias(name) if name == column else F.col(f"a.{name}")
+                for name in aggregates.columns
+            )
+        )
     # Asked of gold's newest version; the append that follows is blind. Gold has one writer
     # (its stream, one lease holder at a time, a fenced id's commit fails), so no row of these
     # windows can be committed in between. A batch of scattered late events that only straddles

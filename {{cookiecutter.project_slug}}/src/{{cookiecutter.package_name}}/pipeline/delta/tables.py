@@ -127,6 +127,36 @@ def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> Struct
     )
 
 
+# A table of distinct values' columns after the gold key: the value, and the batch that first held it.
+VALUE, FIRST_STREAM, FIRST_BATCH = "value", "first_stream", "first_batch"
+
+
+def distinct_values_schema(contract: Contract, gold: Gold, column: str) -> StructType:
+    """The schema of the table of values behind ``gold``'s exact distinct count ``column``: each
+    distinct (window, dimensions, value) once, with the stream id and batch that first held it.
+
+    Example::
+
+        distinct_values_schema(ORDERS, by_shop, "customer_distinct").fieldNames()
+        # ['window_start', 'window_end', 'shop', 'value', 'first_stream', 'first_batch']
+    """
+    if not isinstance(contract, Contract) or not isinstance(gold, Gold):
+        raise TypeError(f"contract and gold must be a Contract and a Gold, not {contract!r} and {gold!r}")
+    gold.check_against(contract)
+    counted = [a.field for a in gold.aggregates if a.column == column and a.kind is AggregateKind.DISTINCT]
+    if not counted:
+        raise ValueError(f"gold {gold.name} has no exact distinct count {column!r}")
+    key = gold_schema(contract, gold).fields[: len(gold.key)]
+    return StructType(
+        [
+            *key,
+            StructField(VALUE, contract.field(counted[0]).spark_type, False),
+            StructField(FIRST_STREAM, StringType(), True),
+            StructField(FIRST_BATCH, LongType(), False),
+        ]
+    )
+
+
 def _aggregate_field(aggregate: Aggregate, contract: Contract) -> StructField:
     if aggregate.kind is AggregateKind.COUNT:
         return StructField(aggregate.column, LongType(), False)
