@@ -111,4 +111,3 @@ def mark_business_key_duplicates(
         .withColumn("reason", F.coalesce("reason", "_of"))
         .select(*parsed.columns)
     )
-

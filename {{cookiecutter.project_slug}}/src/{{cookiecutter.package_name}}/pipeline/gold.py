@@ -100,7 +100,6 @@ _AGGREGATED = {
 }
 
 
-
 def window_aggregates(
     events: DataFrame, window_duration: str, contract: Contract = EVENTS, gold: Gold | None = None
 ) -> DataFrame:
@@ -335,10 +334,14 @@ def add_to_windows(
         # The batch's count of distinct values becomes the count of those new to the window.
         new_values = _count_new_values(values, values_path, app_id, batch_id, contract, gold, windows)
         same_key = _same_gold_row(contract, gold, ("a", "n"))
-        aggregates = aggregates.alias("a").join(new_values.alias("n"), same_key, "left").select(
-            *(
-                F.coalesce(F.col("n.count"), F.lit(0)).alias(name) if name == column else F.col(f"a.{name}")
-                for name in aggregates.columns
+        aggregates = (
+            aggregates.alias("a")
+            .join(new_values.alias("n"), same_key, "left")
+            .select(
+                *(
+                    F.coalesce(F.col("n.count"), F.lit(0)).alias(name) if name == column else F.col(f"a.{name}")
+                    for name in aggregates.columns
+                )
             )
         )
     # Asked of gold's newest version; the append that follows is blind. Gold has one writer
