@@ -100,6 +100,14 @@ def test_with_a_horizon_a_record_is_a_duplicate_only_of_a_kept_record_near_it_in
     assert_df_equality(result, spark.createDataFrame(expected, PARSED), ignore_row_order=True)
 
 
+def test_a_horizon_longer_than_the_calendar_silver_holds_is_the_same_as_none(spark):
+    batch = [record(0, 1, "a", event_time=datetime(1600, 1, 1, tzinfo=UTC)), record(0, 2, "a")]
+
+    result = marked(spark, batch, horizon_s=10**15)
+
+    assert [row.reason for row in result.orderBy("offset").collect()] == [None, "duplicate of orders/0/1"]
+
+
 @pytest.mark.parametrize(
     ("key", "horizon_s", "problem"),
     [("event_id", None, "key must be"), ((), None, "key must be"), (("event_id",), 0, "horizon_s must be")],

@@ -21,12 +21,17 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from .contract import EVENT_TIME_RANGE
+
 DUPLICATE_OF = "duplicate of "
 # The coordinates that name a Kafka record in silver and quarantine.
 _COORDINATES = ("topic", "topic_id", "partition", "offset")
 # The types of what the fold below carries: the kept records, and the duplicates with the record each is of.
 _KEPT = "array<struct<micros:bigint,named:string>>"
 _DUPLICATES = "array<struct<topic:string,topic_id:string,partition:int,offset:bigint,of:string>>"
+# Every two event times silver can hold are this near (the contract quarantines the others): a longer
+# horizon is none, and the bound below stays far inside a long.
+_SPAN_S = int((EVENT_TIME_RANGE[1] - EVENT_TIME_RANGE[0]).total_seconds())
 
 
 def _order() -> Column:
@@ -85,7 +90,10 @@ def mark_business_key_duplicates(
         .groupBy(*key)
         .agg(F.collect_list(F.struct(F.unix_micros(event_time).alias("micros"), _named().alias("named"))).alias("held"))
     )
-    near = "true" if horizon_s is None else f"abs(k.micros - r.micros) <= {horizon_s * 1_000_000}L"
+    if horizon_s is None or horizon_s >= _SPAN_S:
+        near = "true"
+    else:
+        near = f"abs(k.micros - r.micros) <= {horizon_s * 1_000_000}L"
     # Each key's records in bronze's order, each judged against what was kept before it.
     judged = (
         candidates.groupBy(*key)
