@@ -30,7 +30,6 @@ from pyspark.sql.streaming import DataStreamWriter
 from .config import Config, duration_seconds
 from .contract import WINDOW_END, WINDOW_START, Contract
 from .dataset import Aggregate, AggregateKind, Gold
-from .datasets.events import DATASET as EVENTS_DATASET
 from .datasets.events import EVENTS
 from .delta.tables import (
     FIRST_BATCH,
@@ -38,6 +37,7 @@ from .delta.tables import (
     GOLD,
     VALUE,
     Lakehouse,
+    declared_gold,
     latest_snapshot,
     may_hold,
     read_properties,
@@ -56,24 +56,6 @@ from .session.codegen import SMALL_SILVER_BATCH, evaluate_for_delta_batch
 WINDOW_PROPERTY = "lakehouse.gold.window"
 # The gold stream's name (its checkpoint, its identity property); GOLD is its table's.
 STREAM = "gold"
-
-
-def declared(contract: Contract, gold: Gold | None) -> Gold:
-    """``gold``, checked against ``contract``; None is the contract's own gold (``Gold.of``): its event
-    count and the sum of each measure, by its dimensions.
-
-    Example::
-
-        declared(EVENTS, None).values  # ('event_count', 'amount_sum')
-    """
-    if not isinstance(contract, Contract):
-        raise TypeError(f"contract must be a Contract, not {type(contract).__name__}")
-    if gold is None:
-        return Gold.of(EVENTS_DATASET.golds[0].name, contract)
-    if not isinstance(gold, Gold):
-        raise TypeError(f"gold must be a Gold, not {type(gold).__name__}")
-    gold.check_against(contract)
-    return gold
 
 
 # What a window's row becomes when a batch brings more of it: the target's value ``t`` and the batch's ``s``.
@@ -111,7 +93,7 @@ def window_aggregates(
         window_aggregates(silver, "1 minute").columns
         # ['window_start', 'window_end', 'event_type', 'event_count', 'amount_sum']
     """
-    gold = declared(contract, gold)
+    gold = declared_gold(contract, gold)
     # An approximate distinct count is aggregated as its sketch, and estimated from it.
     aggregates = [
         _AGGREGATED[aggregate.kind](aggregate.field).alias(aggregate.sketch_column or aggregate.column)
@@ -149,7 +131,7 @@ def distinct_values(
         distinct_values(batch, "1 minute", ORDERS, by_shop)["customer_distinct"].columns
         # ['window_start', 'window_end', 'shop', 'value']
     """
-    gold = declared(contract, gold)
+    gold = declared_gold(contract, gold)
     window = F.window(contract.event_time, window_duration)
     return {
         aggregate.column: events.where(F.col(aggregate.field).isNotNull())
@@ -320,7 +302,7 @@ def add_to_windows(
     """
     if not path:
         raise ValueError("path must name a Delta table")
-    gold = declared(contract, gold)
+    gold = declared_gold(contract, gold)
     distinct = distinct or {}
     wanted = {aggregate.column for aggregate in gold.aggregates if aggregate.kind is AggregateKind.DISTINCT}
     if set(distinct) != wanted:

@@ -102,6 +102,24 @@ def silver_schema(contract: Contract = EVENTS) -> StructType:
     return StructType([*fields, *SILVER_KAFKA_FIELDS])
 
 
+def declared_gold(contract: Contract, gold: Gold | None) -> Gold:
+    """``gold``, checked against ``contract``; None is the contract's own gold (``Gold.of``): its event
+    count and the sum of each measure, by its dimensions.
+
+    Example::
+
+        declared_gold(EVENTS, None).values  # ('event_count', 'amount_sum')
+    """
+    if not isinstance(contract, Contract):
+        raise TypeError(f"contract must be a Contract, not {type(contract).__name__}")
+    if gold is None:
+        return Gold.of(EVENTS_DATASET.golds[0].name, contract)
+    if not isinstance(gold, Gold):
+        raise TypeError(f"gold must be a Gold, not {type(gold).__name__}")
+    gold.check_against(contract)
+    return gold
+
+
 def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> StructType:
     """Window, dimensions, then one column per aggregate ``gold`` declares (None: the contract's
     event_count and one sum per measure), then the sketch of each approximate distinct count.
@@ -110,11 +128,7 @@ def gold_schema(contract: Contract = EVENTS, gold: Gold | None = None) -> Struct
 
         gold_schema(EVENTS).fieldNames()  # ['window_start', 'window_end', 'event_type', 'event_count', 'amount_sum']
     """
-    if not isinstance(contract, Contract):
-        raise TypeError(f"contract must be a Contract, not {type(contract).__name__}")
-    if gold is None:
-        gold = Gold.of(EVENTS_DATASET.golds[0].name, contract)
-    gold.check_against(contract)
+    gold = declared_gold(contract, gold)
     dimensions = [contract.field(name) for name in gold.dimensions]
     return StructType(
         [
