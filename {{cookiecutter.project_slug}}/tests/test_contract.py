@@ -1,5 +1,6 @@
 """The event contract: declared once, checked when it is built, obeyed by every layer."""
 
+import dataclasses
 import json
 import os
 import random
@@ -29,7 +30,8 @@ from {{ cookiecutter.package_name }}.devtools.sample import produce
 from {{ cookiecutter.package_name }}.pipeline import gold as gold_module
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import reconcile, run_audit
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
-from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Gold
+from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
+from {{ cookiecutter.package_name }}.pipeline.datasets.events import DATASET as EVENTS_DATASET
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     BRONZE,
@@ -237,9 +239,16 @@ ORDERS = Contract(
 )
 
 
+def events_declared_with(contract: Contract) -> Dataset:
+    """The events dataset as a team that changed its contract declares it: the same tables and streams."""
+    return dataclasses.replace(
+        EVENTS_DATASET, contract=contract, golds=(Gold.of(EVENTS_DATASET.golds[0].name, contract),)
+    )
+
+
 def test_gold_sums_every_measure_per_window_and_dimensions_and_a_null_dimension_is_one_group(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
-    ensure_tables(spark, lakehouse, ORDERS)
+    ensure_tables(spark, lakehouse, events_declared_with(ORDERS))
     at = datetime(2024, 1, 1, 10, 0, 5, tzinfo=UTC)
     first, second = (
         spark.createDataFrame(rows, silver_schema(ORDERS))
@@ -289,9 +298,7 @@ ORDER_EXTREMES = Gold(
 )
 
 
-def test_a_declared_gold_keeps_minima_and_maxima_across_batches_and_a_replayed_batch_changes_nothing(
-    spark, tmp_path
-):
+def test_a_declared_gold_keeps_minima_and_maxima_across_batches_and_a_replayed_batch_changes_nothing(spark, tmp_path):
     path = str(tmp_path / "gold_extremes")
     DeltaTable.createIfNotExists(spark).location(path).addColumns(gold_schema(ORDERS, ORDER_EXTREMES)).execute()
     at = datetime(2024, 1, 1, 10, 0, 5, tzinfo=UTC)
@@ -412,7 +419,7 @@ def test_tables_made_for_another_contract_are_refused_naming_the_difference(spar
     ensure_tables(spark, lakehouse)
 
     with pytest.raises(TableSchemaError) as refused:
-        ensure_tables(spark, lakehouse, WITH_CHANNEL)
+        ensure_tables(spark, lakehouse, events_declared_with(WITH_CHANNEL))
 
     assert "silver_events at " in str(refused.value)
     assert "missing column channel STRING NOT NULL; missing column quantity INT." in str(refused.value)
@@ -514,14 +521,14 @@ def test_a_contract_with_a_new_required_dimension_reaches_silver_quarantine_gold
         records = channel_events(150, seed)
         produce(client_config(config), config.kafka.topics[0], records, transaction_size=50)
         produced += records
-        run_available_now(spark, config, contract=WITH_CHANNEL)
+        run_available_now(spark, config, dataset=events_declared_with(WITH_CHANNEL))
 
     assert_layers_follow_the_channel_contract(spark, lakehouse, produced)
     expected_silver, expected_quarantine, _ = expected_layers(produced)
     assert "missing required field channel" in expected_quarantine.values()
     assert "field quantity must be an integer, got STRING" in expected_quarantine.values()
 
-    report = run_audit(spark, config, contract=WITH_CHANNEL)
+    report = run_audit(spark, config, events_declared_with(WITH_CHANNEL))
     assert report.clean, report.as_dict()
     assert report.counts["silver_rows"] == len(expected_silver)
     assert report.counts["quarantine_rows"] == len(expected_quarantine)
@@ -554,7 +561,7 @@ def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_un
     versions = {name: version(name) for name in (SILVER, GOLD)}
 
     with pytest.raises(TableSchemaError, match=r"missing column channel STRING NOT NULL.*checkpoints reset silver"):
-        run_available_now(spark, config, contract=WITH_CHANNEL)
+        run_available_now(spark, config, dataset=events_declared_with(WITH_CHANNEL))
 
     # A reset killed between silver's swap and quarantine's: the next start refuses, naming the reset.
     crash = f"silver:{BETWEEN_SINK_COMMITS}:{version(BRONZE)}"
@@ -571,7 +578,7 @@ def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_un
         run_available_now(spark, config, ("silver",))
 
     silver_rebuilt, gold_rebuilt = reset(
-        spark, lakehouse, with_downstream("silver"), config.gold_window, contract=WITH_CHANNEL
+        spark, lakehouse, with_downstream("silver"), config.gold_window, events_declared_with(WITH_CHANNEL)
     )
     expected_silver, expected_quarantine, _ = expected_layers(first)
     assert silver_rebuilt.rows == {SILVER: len(expected_silver), QUARANTINE: len(expected_quarantine)}
@@ -587,7 +594,7 @@ def test_a_changed_contract_is_refused_until_a_reset_rebuilds_silver_and_gold_un
 
     second = channel_events(150, 2)
     produce(client_config(config), config.kafka.topics[0], second, transaction_size=50)
-    run_available_now(spark, config, contract=WITH_CHANNEL)
+    run_available_now(spark, config, dataset=events_declared_with(WITH_CHANNEL))
     assert_layers_follow_the_channel_contract(spark, lakehouse, first + second)
-    report = run_audit(spark, config, contract=WITH_CHANNEL)
+    report = run_audit(spark, config, events_declared_with(WITH_CHANNEL))
     assert report.clean, report.as_dict()

@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     GOLD_SCHEMA,
     STREAMS,
     TABLES,
+    Layer,
     dataset_streams,
     fused_stream,
 )
@@ -50,8 +51,12 @@ def test_a_dataset_names_its_tables_and_streams_after_itself_and_its_golds():
         "silver_orders",
         "quarantine_orders",
         "gold_orders_by_shop",
+        "gold_orders_by_shop_customer_distinct_values",
         "gold_orders_hourly",
     )
+    assert declared.gold_tables(by_shop)[1] == declared.values_table(by_shop, by_shop.aggregates[2])
+    with pytest.raises(ValueError, match="gold hourly has no exact distinct count 'customer_approx_distinct'"):
+        declared.values_table(hourly, hourly.aggregates[0])
     assert declared.streams == ("orders_bronze", "orders_silver", "orders_gold_by_shop", "orders_gold_hourly")
     assert declared.stream("fused") == "orders_fused"
     assert by_shop.columns == ("window_start", "window_end", "shop", "event_count", "total_max", "customer_distinct")
@@ -69,6 +74,12 @@ def test_a_datasets_streams_read_and_write_its_own_tables_and_each_gold_has_a_st
         ("orders_silver", "bronze_orders", ("silver_orders", "quarantine_orders"), golds, False),
         ("orders_gold_by_shop", "silver_orders", ("gold_orders_by_shop",), (), True),
         ("orders_gold_hourly", "silver_orders", ("gold_orders_hourly",), (), True),
+    ]
+    assert [(s.layer, s.gold) for s in streams.values()] == [
+        (Layer.BRONZE, None),
+        (Layer.SILVER, None),
+        (Layer.GOLD, by_shop),
+        (Layer.GOLD, hourly),
     ]
     fused = fused_stream(orders(by_shop, hourly))
     assert (fused.name, fused.source, fused.sinks) == ("orders_fused", "kafka", orders(by_shop, hourly).tables)

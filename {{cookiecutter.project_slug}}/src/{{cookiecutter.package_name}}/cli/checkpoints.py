@@ -195,10 +195,10 @@ def reset_checkpoints(
     names = ", ".join(each.name for each in streams)
     doomed = [lakehouse.checkpoint(each.name) for each in streams]
     rebuilt = [
-        f"{lakehouse.table(table)} from {STREAMS[each].source}"
-        + (f" at {config.gold_window!r}" if each == "gold" else "")
+        f"{lakehouse.table(table)} from {each.source}"
+        + (f" at {gold_layer.window_of(each.gold, config.gold_window)!r}" if each.gold is not None else "")
         for each in rebuild.rebuilt_by_reset(streams)
-        for table in STREAMS[each].sinks
+        for table in each.sinks
     ]
     what = f"delete the checkpoints {', '.join(doomed)}" + (
         f" and rebuild {', '.join(rebuilt)} under the current event contract (one commit replaces each table)"

@@ -99,6 +99,10 @@ class Rule(Enum):
 
 JSON_TYPE_FOLLOWS = ", got "
 JSON_TYPE_PLACEHOLDER = "<type>"
+# A valid record whose business key a record silver keeps has (a dataset's dedup_key, dedup.py):
+# the reason names that record, ``<topic>/<partition>/<offset>``; its label does not.
+DUPLICATE_OF = "duplicate of "
+DUPLICATE_LABEL = DUPLICATE_OF + "<record>"
 
 # The instants a TIMESTAMP field may hold, [earliest, end): the whole years of the Gregorian
 # calendar that Python's datetime holds. Before 1583 some of the JVM's paths still go through
@@ -115,9 +119,10 @@ def _iso(instant: datetime) -> str:
 
 
 def quarantine_label(reason: str) -> str:
-    """``reason`` with the JSON type a ``... got`` rule appends replaced by ``<type>``: one of
-    ``Contract.quarantine_reasons()``, a bounded set, where the reasons themselves are not (a JSON
-    type names the keys of the object the producer sent).
+    """``reason`` with the JSON type a ``... got`` rule appends replaced by ``<type>``, and the record
+    a duplicate is of by ``<record>``: one of ``Contract.quarantine_reasons()`` or ``DUPLICATE_LABEL``,
+    a bounded set, where the reasons themselves are not (a JSON type names the keys of the object the
+    producer sent).
 
     Example::
 
@@ -125,6 +130,8 @@ def quarantine_label(reason: str) -> str:
     """
     if not isinstance(reason, str):
         raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+    if reason.startswith(DUPLICATE_OF):
+        return DUPLICATE_LABEL
     head, found, _ = reason.partition(JSON_TYPE_FOLLOWS)
     return head + found + JSON_TYPE_PLACEHOLDER if found else reason
 
@@ -140,7 +147,11 @@ def quarantine_label_column(reason: Column) -> Column:
         raise TypeError(f"reason must be a Column, not {type(reason).__name__}")
     head = F.substring_index(reason, JSON_TYPE_FOLLOWS, 1)
     labelled = F.concat(head, F.lit(JSON_TYPE_FOLLOWS + JSON_TYPE_PLACEHOLDER))
-    return F.when(F.instr(reason, JSON_TYPE_FOLLOWS) > 0, labelled).otherwise(reason)
+    return (
+        F.when(reason.startswith(DUPLICATE_OF), F.lit(DUPLICATE_LABEL))
+        .when(F.instr(reason, JSON_TYPE_FOLLOWS) > 0, labelled)
+        .otherwise(reason)
+    )
 
 
 # The record-level reasons, checked before any field.

@@ -4,6 +4,7 @@ A project holds any number of datasets, one module each under ``datasets/``. Eac
 tables, streams, checkpoints and leases of its own, named after it:
 
     tables   bronze_<dataset>, silver_<dataset>, quarantine_<dataset>, gold_<dataset>_<gold>
+             (and gold_<dataset>_<gold>_<column>_values behind each exact distinct count)
     streams  <dataset>_bronze, <dataset>_silver, <dataset>_gold_<gold>, <dataset>_fused
 
 A gold is a table of tumbling event-time windows: per window and dimension values, the
@@ -32,7 +33,9 @@ Example::
         dedup_key=("order_id",),
         dedup_horizon="7 days",
     )
-    ORDERS.tables  # ('bronze_orders', 'silver_orders', 'quarantine_orders', 'gold_orders_by_shop')
+    ORDERS.tables
+    # ('bronze_orders', 'silver_orders', 'quarantine_orders', 'gold_orders_by_shop',
+    #  'gold_orders_by_shop_coupon_distinct_values')
 """
 
 from __future__ import annotations
@@ -255,9 +258,21 @@ class Dataset:
         self._check_gold(gold)
         return f"gold_{gold.name}" if self.naming is Naming.SOLE else f"gold_{self.name}_{gold.name}"
 
+    def values_table(self, gold: Gold, aggregate: Aggregate) -> str:
+        """The table of the values behind ``gold``'s exact distinct count ``aggregate``."""
+        if aggregate not in gold.aggregates or aggregate.kind is not AggregateKind.DISTINCT:
+            column = getattr(aggregate, "column", aggregate)
+            raise ValueError(f"gold {gold.name} has no exact distinct count {column!r}")
+        return f"{self.gold_table(gold)}_{aggregate.column}_values"
+
+    def gold_tables(self, gold: Gold) -> tuple[str, ...]:
+        """What ``gold``'s stream writes: the gold table, then the table of values of each exact distinct count."""
+        distinct = (a for a in gold.aggregates if a.kind is AggregateKind.DISTINCT)
+        return (self.gold_table(gold), *(self.values_table(gold, aggregate) for aggregate in distinct))
+
     @property
     def tables(self) -> tuple[str, ...]:
-        return (self.bronze, self.silver, self.quarantine, *(self.gold_table(gold) for gold in self.golds))
+        return (self.bronze, self.silver, self.quarantine, *(t for gold in self.golds for t in self.gold_tables(gold)))
 
     def stream(self, layer: str) -> str:
         """The name of this dataset's ``layer`` stream: "bronze", "silver" or "fused"."""

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .contract import EVENT_TIME_RANGE
+from .contract import DUPLICATE_OF, EVENT_TIME_RANGE
 
-DUPLICATE_OF = "duplicate of "
 # The coordinates that name a Kafka record in silver and quarantine.
 _COORDINATES = ("topic", "topic_id", "partition", "offset")
 # The types of what the fold below carries: the kept records, and the duplicates with the record each is of.
@@ -31,7 +30,7 @@ _KEPT = "array<struct<micros:bigint,named:string>>"
 _DUPLICATES = "array<struct<topic:string,topic_id:string,partition:int,offset:bigint,of:string>>"
 # Every two event times silver can hold are this near (the contract quarantines the others): a longer
 # horizon is none, and the bound below stays far inside a long.
-_SPAN_S = int((EVENT_TIME_RANGE[1] - EVENT_TIME_RANGE[0]).total_seconds())
+CALENDAR_SPAN_S = int((EVENT_TIME_RANGE[1] - EVENT_TIME_RANGE[0]).total_seconds())
 
 
 def _order() -> Column:
@@ -90,7 +89,7 @@ def mark_business_key_duplicates(
         .groupBy(*key)
         .agg(F.collect_list(F.struct(F.unix_micros(event_time).alias("micros"), _named().alias("named"))).alias("held"))
     )
-    if horizon_s is None or horizon_s >= _SPAN_S:
+    if horizon_s is None or horizon_s >= CALENDAR_SPAN_S:
         near = "true"
     else:
         near = f"abs(k.micros - r.micros) <= {horizon_s * 1_000_000}L"

@@ -52,8 +52,8 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
 from .config import Config
-from .contract import Contract
-from .datasets.events import EVENTS
+from .dataset import Dataset
+from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
     BRONZE,
     FUSED,
@@ -64,6 +64,7 @@ from .delta.tables import (
     SILVER,
     Lakehouse,
     commit_actions,
+    fused_stream,
     latest_snapshot,
     may_hold,
     tagged_version,
@@ -215,14 +216,21 @@ def stream_writer(
     config: Config,
     lakehouse: Lakehouse,
     prepared: checkpoints.Prepared,
-    contract: Contract = EVENTS,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> DataStreamWriter:
     """The fused stream, ready to start: each Kafka batch into bronze, silver, quarantine and gold once.
+
+    It runs the events dataset's tables (one gold, no business key), under its contract.
 
     Example::
 
         fused.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
+    if (fused_stream(dataset).name, fused_stream(dataset).sinks) != (FUSED.name, FUSED.sinks) or dataset.dedup_key:
+        raise ValueError(
+            f"the fused mode runs the events dataset's tables, one gold and no dedup_key; not dataset {dataset.name}"
+        )
+    contract, declared = dataset.contract, dataset.golds[0]
     paths = {name: lakehouse.table(name) for name in FUSED.sinks}
     checkpoint, app_id = lakehouse.checkpoint(STREAM), prepared.stream_id
     ingest = KafkaIngest(spark, config, lakehouse, prepared, STREAM)
@@ -278,12 +286,12 @@ def stream_writer(
                     insert_new_kafka_records(quarantined_records(parsed), paths[QUARANTINE], ranges, app_id, batch_id)
                     reach(STREAM, AFTER_QUARANTINE, batch_id)
                 if added is not None:
-                    aggregates = window_aggregates(added, config.gold_window, contract).persist()
+                    aggregates = window_aggregates(added, config.gold_window, contract, declared).persist()
                     cached.append(aggregates)
                     windows = touched_windows(aggregates)
                     if windows:
                         check_held(lakehouse, STREAM)
-                        add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows)
+                        add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows, declared)
                 for write in beside:
                     write.join()
             check_held(lakehouse, STREAM)  # before the checkpoint's sink versions and commit-log entry

@@ -29,14 +29,15 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config, duration_seconds
 from .contract import WINDOW_END, WINDOW_START, Contract
-from .dataset import Aggregate, AggregateKind, Gold
+from .dataset import Aggregate, AggregateKind, Dataset, Gold
+from .datasets.events import DATASET as EVENTS_DATASET
 from .datasets.events import EVENTS
 from .delta.tables import (
     FIRST_BATCH,
     FIRST_STREAM,
-    GOLD,
     VALUE,
     Lakehouse,
+    dataset_streams,
     declared_gold,
     latest_snapshot,
     may_hold,
@@ -54,8 +55,8 @@ from .refusals import Refusal
 from .session.codegen import SMALL_SILVER_BATCH, evaluate_for_delta_batch
 
 WINDOW_PROPERTY = "lakehouse.gold.window"
-# The gold stream's name (its checkpoint, its identity property); GOLD is its table's.
-STREAM = "gold"
+# The events dataset's first gold stream's name (its checkpoint, its identity property).
+STREAM = EVENTS_DATASET.gold_stream(EVENTS_DATASET.golds[0])
 
 
 # What a window's row becomes when a batch brings more of it: the target's value ``t`` and the batch's ``s``.
@@ -350,50 +351,85 @@ def add_to_windows(
     warm_up_state(session, path)
 
 
+def window_of(gold: Gold, gold_window: str) -> str:
+    """The window ``gold`` aggregates by: its own, or the pipeline's ``gold_window``.
+
+    Example::
+
+        window_of(Gold("hourly", (Aggregate(AggregateKind.COUNT),), window="1 hour"), "1 minute")  # "1 hour"
+    """
+    if not isinstance(gold, Gold):
+        raise TypeError(f"gold must be a Gold, not {type(gold).__name__}")
+    duration_seconds(gold_window, "pipeline.gold_window")
+    return gold.window or gold_window
+
+
+def _distinct_paths(lakehouse: Lakehouse, dataset: Dataset, gold: Gold) -> dict[str, str]:
+    return {
+        aggregate.column: lakehouse.table(dataset.values_table(gold, aggregate))
+        for aggregate in gold.aggregates
+        if aggregate.kind is AggregateKind.DISTINCT
+    }
+
+
 def stream_writer(
     spark: SparkSession,
     config: Config,
     lakehouse: Lakehouse,
     prepared: checkpoints.Prepared,
-    contract: Contract = EVENTS,
+    dataset: Dataset = EVENTS_DATASET,
+    gold: Gold | None = None,
 ) -> DataStreamWriter:
-    """Gold's stream, ready to start: each silver batch added to its windows once.
+    """The stream of ``dataset``'s ``gold`` (None: its first), ready to start: each silver batch added to
+    its windows once.
 
     Example::
 
         gold.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    gold_path, checkpoint = lakehouse.table(GOLD), lakehouse.checkpoint("gold")
+    gold = dataset.golds[0] if gold is None else gold
+    stream = dataset_streams(dataset)[dataset.gold_stream(gold)]
+    window, contract = window_of(gold, config.gold_window), dataset.contract
+    gold_path, checkpoint = lakehouse.table(dataset.gold_table(gold)), lakehouse.checkpoint(stream.name)
+    values_paths = _distinct_paths(lakehouse, dataset, gold)
+    sinks = {name: lakehouse.table(name) for name in stream.sinks}
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(silver_batch, SMALL_SILVER_BATCH)
         # Aggregated once and cached: the batch is scanned once, by the job that collects its
         # windows (an empty batch has none). An isEmpty() first would be one more job per batch.
-        aggregates = window_aggregates(silver_batch, config.gold_window, contract).persist()
+        aggregates = window_aggregates(silver_batch, window, contract, gold).persist()
         try:
             windows = touched_windows(aggregates)
             if windows:
-                with crash_points(silver_batch.sparkSession, "gold", batch_id):
-                    check_held(lakehouse, "gold")
-                    add_to_windows(aggregates, gold_path, prepared.stream_id, batch_id, contract, windows)
-            check_held(lakehouse, "gold")  # before the checkpoint's sink versions and commit-log entry
+                values = distinct_values(silver_batch, window, contract, gold)
+                distinct = {column: (values[column], path) for column, path in values_paths.items()}
+                with crash_points(silver_batch.sparkSession, stream.name, batch_id):
+                    check_held(lakehouse, stream.name)
+                    add_to_windows(
+                        aggregates, gold_path, prepared.stream_id, batch_id, contract, windows, gold, distinct
+                    )
+            check_held(lakehouse, stream.name)  # before the checkpoint's sink versions and commit-log entry
             if prepared.stream_id is not None:
-                record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, {GOLD: gold_path})
+                record_sink_versions(silver_batch.sparkSession, checkpoint, batch_id, sinks)
         finally:
             aggregates.unpersist()
 
-    return source_stream(spark, lakehouse, "gold", prepared.stream_id).writeStream.foreachBatch(write_batch)
+    return source_stream(spark, lakehouse, stream, prepared.stream_id).writeStream.foreachBatch(write_batch)
 
 
-def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM) -> str | None:
-    """Why gold's stream cannot start with ``gold_window`` (the table holds windows of another size); None if it can.
+def window_refusal(
+    spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM, table: str | None = None
+) -> str | None:
+    """Why ``stream`` cannot start with ``gold_window`` (its gold ``table``, by default the events dataset's
+    first, holds windows of another size); None if it can.
 
     Example::
 
         window_refusal(spark, Lakehouse("/data/lake"), "15 minutes")  # "gold: the table ... holds windows of ..."
     """
     configured = duration_seconds(gold_window, "pipeline.gold_window")
-    path = lakehouse.table(GOLD)
+    path = lakehouse.table(table or EVENTS_DATASET.gold_table(EVENTS_DATASET.golds[0]))
     if latest_snapshot(spark, path).version() < 0:
         return None
     recorded = read_properties(spark, path).get(WINDOW_PROPERTY)
@@ -402,29 +438,41 @@ def window_refusal(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, 
     return Refusal.GOLD_WINDOW_CHANGED.message(stream, path=path, recorded=recorded, configured=gold_window)
 
 
-def check_window(spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM) -> None:
-    """Refuse ``stream`` (gold's, or the fused one) when its window differs from the one gold was built with;
-    record it on a new gold.
+def check_window(
+    spark: SparkSession, lakehouse: Lakehouse, gold_window: str, stream: str = STREAM, table: str | None = None
+) -> None:
+    """Refuse ``stream`` (a gold's, or the fused one) when its window differs from the one its gold ``table``
+    was built with; record it on a new gold.
 
     Example::
 
         check_window(spark, Lakehouse("/data/lake"), config.gold_window)  # or CheckpointError
     """
-    refusal = window_refusal(spark, lakehouse, gold_window, stream)
+    refusal = window_refusal(spark, lakehouse, gold_window, stream, table)
     if refusal is not None:
         raise checkpoints.CheckpointError(refusal)
-    path = lakehouse.table(GOLD)
+    path = lakehouse.table(table or EVENTS_DATASET.gold_table(EVENTS_DATASET.golds[0]))
     if WINDOW_PROPERTY not in read_properties(spark, path):
         # A gold that records no window: taken as built with the window in use, and recorded so.
         set_properties(spark, path, {WINDOW_PROPERTY: gold_window})
 
 
-def rebuilt_rows(silver: DataFrame, gold_window: str, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], None]:
-    """Gold's rows rebuilt from ``silver`` (read at one version) at ``gold_window``; nothing is cached.
+def rebuilt_rows(
+    silver: DataFrame, gold_window: str, dataset: Dataset = EVENTS_DATASET, gold: Gold | None = None
+) -> tuple[dict[str, DataFrame], None]:
+    """The rows of ``dataset``'s ``gold`` (None: its first) rebuilt from ``silver`` (read at one version) at
+    the gold's window (``window_of``), and of its tables of distinct values; nothing is cached.
 
     Example::
 
         rows, _ = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(SILVER)), "1 minute")
     """
-    duration_seconds(gold_window, "pipeline.gold_window")
-    return {GOLD: window_aggregates(silver, gold_window, contract)}, None
+    gold = dataset.golds[0] if gold is None else gold
+    window, contract = window_of(gold, gold_window), dataset.contract
+    rows = {dataset.gold_table(gold): window_aggregates(silver, window, contract, gold)}
+    # Each value as first held by the rebuild itself: no stream, no batch.
+    unmarked = {FIRST_STREAM: F.lit(None).cast("string"), FIRST_BATCH: F.lit(-1).cast("long")}
+    for column, values in distinct_values(silver, window, contract, gold).items():
+        [aggregate] = [a for a in gold.aggregates if a.column == column]
+        rows[dataset.values_table(gold, aggregate)] = values.withColumns(unmarked)
+    return rows, None

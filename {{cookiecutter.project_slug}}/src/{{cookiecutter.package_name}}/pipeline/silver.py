@@ -9,6 +9,10 @@ with (stream id, batch id): an append when no file of the table may hold a row w
 batch's offset ranges (the steady state), else a MERGE restricted to those ranges, so a replay or a
 re-ingested record adds nothing and the cost follows the batch, not the table.
 
+A dataset that declares a business key (``dedup_key``) also keeps one record per key: a later one
+goes to quarantine as ``duplicate of <topic>/<partition>/<offset>`` (``dedup.py``), judged against
+silver's rows of the batch's keys (those near enough in event time, with a ``dedup_horizon``).
+
 A reset rebuilds silver and quarantine from bronze under the current contract
 (``rebuilt_rows``; the mechanism is in ``recovery/rebuild.py``).
 """
@@ -22,6 +26,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
+from .config import duration_seconds
 from .contract import (
     EVENT_TIME_RANGE,
     NOT_AN_OBJECT,
@@ -34,8 +39,11 @@ from .contract import (
     Rule,
     quarantine_label_column,
 )
+from .dataset import Dataset
+from .datasets.events import DATASET as EVENTS_DATASET
 from .datasets.events import EVENTS
-from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, QUARANTINE, SILVER, Lakehouse, may_hold
+from .dedup import CALENDAR_SPAN_S, mark_business_key_duplicates
+from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, Lakehouse, dataset_streams, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .instants import to_micros
 from .monitoring import report_quarantine
@@ -323,45 +331,90 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
 
 
 def stream_writer(
-    spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, contract: Contract = EVENTS
+    spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, dataset: Dataset = EVENTS_DATASET
 ) -> DataStreamWriter:
-    """Silver's stream, ready to start: each bronze batch parsed into silver and quarantine once.
+    """``dataset``'s silver stream, ready to start: each bronze batch parsed into silver and quarantine once.
 
     Example::
 
         silver.stream_writer(spark, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    silver_path, quarantine_path = lakehouse.table(SILVER), lakehouse.table(QUARANTINE)
-    checkpoint, sinks = lakehouse.checkpoint("silver"), {SILVER: silver_path, QUARANTINE: quarantine_path}
+    stream = dataset.stream("silver")
+    silver_path, quarantine_path = lakehouse.table(dataset.silver), lakehouse.table(dataset.quarantine)
+    checkpoint, sinks = lakehouse.checkpoint(stream), {dataset.silver: silver_path, dataset.quarantine: quarantine_path}
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)
-        parsed = parse_events(first_per_kafka_record(bronze_batch), contract).persist()
+        parsed = parse_events(first_per_kafka_record(bronze_batch), dataset.contract).persist()
+        if dataset.dedup_key:
+            checked, parsed = parsed, without_duplicates(parsed, silver_path, dataset).persist()
+            checked.unpersist()
         try:
-            with crash_points(bronze_batch.sparkSession, "silver", batch_id):
-                ranges, rejected, records = ranges_and_quarantine_share(parsed, "silver", batch_id)
+            with crash_points(bronze_batch.sparkSession, stream, batch_id):
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, stream, batch_id)
                 # Two tables, two commits: each is idempotent on its own, so a crash
                 # between them is repaired by the replay writing only the second. A table
                 # with nothing to insert is left alone (a replay finds nothing either):
                 # a MERGE costs about a second even when its source is empty.
                 if rejected < records:
-                    check_held(lakehouse, "silver")
+                    check_held(lakehouse, stream)
                     insert_new_kafka_records(
-                        valid_events(parsed, contract), silver_path, ranges, prepared.stream_id, batch_id
+                        valid_events(parsed, dataset.contract), silver_path, ranges, prepared.stream_id, batch_id
                     )
                 if rejected:
-                    reach("silver", BETWEEN_SINK_COMMITS, batch_id)
-                    check_held(lakehouse, "silver")
+                    reach(stream, BETWEEN_SINK_COMMITS, batch_id)
+                    check_held(lakehouse, stream)
                     insert_new_kafka_records(
                         quarantined_records(parsed), quarantine_path, ranges, prepared.stream_id, batch_id
                     )
-            check_held(lakehouse, "silver")  # before the checkpoint's sink versions and commit-log entry
+            check_held(lakehouse, stream)  # before the checkpoint's sink versions and commit-log entry
             if prepared.stream_id is not None:
                 record_sink_versions(bronze_batch.sparkSession, checkpoint, batch_id, sinks)
         finally:
             parsed.unpersist()
 
-    return source_stream(spark, lakehouse, "silver", prepared.stream_id).writeStream.foreachBatch(write_batch)
+    source = source_stream(spark, lakehouse, dataset_streams(dataset)[stream], prepared.stream_id)
+    return source.writeStream.foreachBatch(write_batch)
+
+
+def without_duplicates(parsed: DataFrame, silver_path: str | None, dataset: Dataset) -> DataFrame:
+    """``parsed`` with each valid record whose business key a kept record has marked as its duplicate
+    (``dedup.mark_business_key_duplicates``), judged against the rows of silver at ``silver_path``
+    (None: an empty silver, as a rebuild from all of bronze starts). With a horizon, silver is read only
+    within it of the batch's event times, so Delta skips the files outside; without one, every file
+    that may hold the batch's keys is read. ``parsed`` should be cached: its event times are collected.
+
+    Example::
+
+        marked = without_duplicates(parsed, lakehouse.table(ORDERS.silver), ORDERS)
+    """
+    if not isinstance(dataset, Dataset) or not dataset.dedup_key:
+        raise ValueError(f"dataset must be a Dataset with a dedup_key, not {dataset!r}")
+    contract, session = dataset.contract, parsed.sparkSession
+    horizon_s = None
+    if dataset.dedup_horizon is not None:
+        horizon_s = duration_seconds(dataset.dedup_horizon, f"dataset {dataset.name}: dedup_horizon")
+    held_columns = [*KAFKA_KEY_COLUMNS, "ingest_time", *dataset.dedup_key, contract.event_time]
+    if silver_path is None:
+        held = parsed.where(F.lit(False)).select(*held_columns)
+        return mark_business_key_duplicates(parsed, held, dataset.dedup_key, contract.event_time, horizon_s)
+    held = session.read.format("delta").load(silver_path)
+    if horizon_s is not None and horizon_s < CALENDAR_SPAN_S:
+        # Valid event times only (the contract quarantines the others): each within the supported calendar.
+        valid = parsed.where(F.col("reason").isNull())
+        # Micros, not datetimes: a timestamp collected comes back naive, in the session's time zone.
+        micros = F.unix_micros(contract.event_time)
+        [span] = valid.agg(F.min(micros).alias("first"), F.max(micros).alias("last")).collect()
+        if span.first is None:
+            return parsed
+        horizon_us = horizon_s * 1_000_000
+        near = F.col(contract.event_time).between(
+            F.timestamp_micros(F.lit(span.first - horizon_us)), F.timestamp_micros(F.lit(span.last + horizon_us))
+        )
+        held = held.where(near)
+    return mark_business_key_duplicates(
+        parsed, held.select(*held_columns), dataset.dedup_key, contract.event_time, horizon_s
+    )
 
 
 def reason_counts(parsed: DataFrame) -> dict[str, int]:
@@ -379,14 +432,19 @@ def reason_counts(parsed: DataFrame) -> dict[str, int]:
     return {row.label: row["count"] for row in counts}
 
 
-def rebuilt_rows(bronze: DataFrame, contract: Contract = EVENTS) -> tuple[dict[str, DataFrame], DataFrame]:
-    """Silver's and quarantine's rows rebuilt from ``bronze`` (read at one version), and the cached parse.
+def rebuilt_rows(bronze: DataFrame, dataset: Dataset = EVENTS_DATASET) -> tuple[dict[str, DataFrame], DataFrame]:
+    """``dataset``'s silver and quarantine rows rebuilt from ``bronze`` (read at one version), and the cached parse.
 
-    Parsed once for both tables: the caller unpersists the second element when both are written.
+    Parsed once for both tables: the caller unpersists the second element when both are written. A
+    business key keeps the first record of each key in bronze's order, as the stream does.
 
     Example::
 
         rows, cached = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(BRONZE)))
     """
-    parsed = parse_events(first_per_kafka_record(bronze), contract).persist()
-    return {SILVER: valid_events(parsed, contract), QUARANTINE: quarantined_records(parsed)}, parsed
+    parsed = parse_events(first_per_kafka_record(bronze), dataset.contract)
+    if dataset.dedup_key:
+        parsed = without_duplicates(parsed, None, dataset)
+    parsed = parsed.persist()
+    rows = {dataset.silver: valid_events(parsed, dataset.contract), dataset.quarantine: quarantined_records(parsed)}
+    return rows, parsed

@@ -4,7 +4,7 @@ Each layer's whole story is in its own module (``bronze.py``, ``silver.py``, ``g
 ``egress/`` package): its source, its pure transforms, its idempotent writer and its guards.
 This module wires a stream to what every stream shares, in the same order for each:
 
-1. the tables exist with the schemas of the event contract (``delta/tables.py``);
+1. the tables exist with the schemas of the dataset's contract (``delta/tables.py``);
 2. one process per stream: a lease beside the checkpoint (``recovery/lease.py``);
 3. the checkpoint is bound to the stream's tables, and a lost, swapped or older checkpoint is
    refused with its way out (``recovery/checkpoints.py``); the mode is checked and the checkpoint
@@ -36,8 +36,8 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
-from .contract import Contract
-from .datasets.events import EVENTS
+from .dataset import Dataset
+from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
     BRONZE,
     FUSED,
@@ -45,9 +45,12 @@ from .delta.tables import (
     SILVER,
     STREAMS,
     Lakehouse,
+    Layer,
     Stream,
     commit_actions,
+    dataset_streams,
     ensure_tables,
+    fused_stream,
     latest_snapshot,
     read_properties,
     set_properties,
@@ -63,8 +66,8 @@ from .recovery.sink_progress import IDENTITY_PROPERTY, START_PROPERTY
 from .refusals import Refusal
 
 
-def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> dict:
-    """The trigger of ``layer``'s stream.
+def trigger_for(config: Config, available_now: bool, layer: str = Layer.BRONZE) -> dict:
+    """The trigger of a stream of ``layer`` (a ``Layer``'s value).
 
     Bronze runs every trigger_interval. Silver and gold poll their source table at the
     shorter downstream_trigger_interval: with the full interval each, a record waited up
@@ -73,7 +76,7 @@ def trigger_for(config: Config, available_now: bool, layer: str = "bronze") -> d
     """
     if available_now:
         return {"availableNow": True}
-    if layer in ("bronze", FUSED.name):
+    if layer in (Layer.BRONZE, Layer.FUSED):
         return {"processingTime": config.trigger_interval}
     interval = min(
         (config.trigger_interval, config.downstream_trigger_interval),
@@ -88,51 +91,54 @@ def start_stream(
     layer: str,
     available_now: bool,
     delivery: Delivery = Delivery.EXACTLY_ONCE,
-    contract: Contract = EVENTS,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> StreamingQuery:
-    """Start one stream of the pipeline; silver parses and gold aggregates by ``contract``.
+    """Start one stream of ``dataset`` by its name (a layer's, a gold's, the fused one), or an egress.
 
     Example::
 
         start_stream(spark, config, "silver", available_now=True).awaitTermination()
     """
     egresses = configured(config)
-    if layer not in STREAMS and layer != FUSED.name and layer not in egresses:
-        raise ValueError(f"layer must be one of {', '.join(stream_names(config))}, not {layer!r}")
+    layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
+    if layer not in layered and layer != fused_one.name and layer not in egresses:
+        raise ValueError(f"layer must be one of {', '.join(stream_names(config, dataset))}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses))
+    ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     stream_lease = lease.acquire(spark, lakehouse, layer, ttl_s=ttl_s)
     stream_lease.heartbeat()  # renewed while the stream starts, too
     try:
         # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
-        stream = STREAMS.get(layer) or (FUSED if layer == FUSED.name else egress_stream(layer))
-        check_mode(spark, lakehouse, layer)  # at once, without waiting on a lease, where it refuses anyway
-        with other_mode_held(spark, lakehouse, layer, ttl_s):
-            check_mode(spark, lakehouse, layer)  # again, now that no stream of the other mode can start
+        stream = layered.get(layer) or (fused_one if layer == fused_one.name else egress_stream(layer))
+        check_mode(spark, lakehouse, layer, dataset)  # at once, without waiting on a lease, where it refuses anyway
+        with other_mode_held(spark, lakehouse, layer, ttl_s, dataset):
+            check_mode(spark, lakehouse, layer, dataset)  # again, now that no stream of the other mode can start
             prepared = checkpoints.prepare(spark, lakehouse, stream)
-        if layer in ("bronze", FUSED.name):
+        if stream.layer in (Layer.BRONZE, Layer.FUSED):
             bronze.check_subscription(spark, config, lakehouse, layer)
-        if layer in (gold.STREAM, FUSED.name):
-            gold.check_window(spark, lakehouse, config.gold_window, layer)
+        if stream.layer in (Layer.GOLD, Layer.FUSED):
+            for each in [stream.gold] if stream.layer is Layer.GOLD else dataset.golds:
+                window = gold.window_of(each, config.gold_window)
+                gold.check_window(spark, lakehouse, window, layer, dataset.gold_table(each))
         if delivery is Delivery.AT_LEAST_ONCE:
             prepared = dataclasses.replace(prepared, stream_id=None)
-        starters: dict[str, Callable[[], DataStreamWriter]] = {
-            "bronze": lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
-            "silver": lambda: silver.stream_writer(spark, lakehouse, prepared, contract),
-            "gold": lambda: gold.stream_writer(spark, config, lakehouse, prepared, contract),
-            FUSED.name: lambda: fused.stream_writer(spark, config, lakehouse, prepared, contract),
-            **{
-                name: (lambda module=module: module.start(spark, config, lakehouse, prepared.stream_id, contract))
-                for name, module in egresses.items()
-            },
+        starters: dict[Layer, Callable[[], DataStreamWriter]] = {
+            Layer.BRONZE: lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
+            Layer.SILVER: lambda: silver.stream_writer(spark, lakehouse, prepared, dataset),
+            Layer.GOLD: lambda: gold.stream_writer(spark, config, lakehouse, prepared, dataset, stream.gold),
+            Layer.FUSED: lambda: fused.stream_writer(spark, config, lakehouse, prepared, dataset),
         }
-        writer = starters[layer]()
+        if layer in egresses:
+            module = egresses[layer]
+            writer = module.start(spark, config, lakehouse, prepared.stream_id, dataset.contract)
+        else:
+            writer = starters[stream.layer]()
         query = (
             writer.option("checkpointLocation", lakehouse.checkpoint(layer))
             .queryName(layer)
-            .trigger(**trigger_for(config, available_now, layer))
+            .trigger(**trigger_for(config, available_now, stream.layer.value))
             .start()
         )
     except BaseException:
@@ -142,14 +148,17 @@ def start_stream(
     return query
 
 
-def stream_names(config: Config) -> tuple[str, ...]:
-    """Every stream the config runs: the three layers (or the fused stream), then each egress it turns on."""
-    layers = (FUSED.name,) if config.mode is Mode.FUSED else LAYERS
+def stream_names(config: Config, dataset: Dataset = EVENTS_DATASET) -> tuple[str, ...]:
+    """Every stream of ``dataset`` the config runs: its layers, one stream per gold (or the fused stream),
+    then each egress it turns on."""
+    layers = (fused_stream(dataset).name,) if config.mode is Mode.FUSED else tuple(dataset_streams(dataset))
     return (*layers, *configured(config))
 
 
-def streams_holding_the_lakehouse(spark: SparkSession, lakehouse: Lakehouse, mode: Mode) -> list[str]:
-    """The streams of ``mode`` that have a checkpoint in ``lakehouse`` (an id in its metadata).
+def streams_holding_the_lakehouse(
+    spark: SparkSession, lakehouse: Lakehouse, mode: Mode, dataset: Dataset = EVENTS_DATASET
+) -> list[str]:
+    """The streams of ``dataset`` in ``mode`` that have a checkpoint in ``lakehouse`` (an id in its metadata).
 
     Example::
 
@@ -157,7 +166,7 @@ def streams_holding_the_lakehouse(spark: SparkSession, lakehouse: Lakehouse, mod
     """
     if not isinstance(mode, Mode):
         raise TypeError(f"mode must be a Mode, not {type(mode).__name__}")
-    names = (FUSED.name,) if mode is Mode.FUSED else LAYERS
+    names = (fused_stream(dataset).name,) if mode is Mode.FUSED else tuple(dataset_streams(dataset))
     return [
         name
         for name in names
@@ -169,24 +178,29 @@ def streams_holding_the_lakehouse(spark: SparkSession, lakehouse: Lakehouse, mod
 MODE_CHECK_WAIT_S = 60.0
 
 
-def other_mode_streams(layer: str) -> list[str]:
-    """The streams of the mode ``layer`` is not of: the fused stream for a layer, the layers for the fused
-    stream; none for an egress, which runs in either mode.
+def other_mode_streams(layer: str, dataset: Dataset = EVENTS_DATASET) -> list[str]:
+    """The streams of ``dataset`` of the mode its stream ``layer`` is not of: the fused stream for a layer,
+    the layers for the fused stream; none for an egress, which runs in either mode.
 
     Example::
 
         other_mode_streams("silver")  # ["fused"]
     """
-    if layer == FUSED.name:
-        return list(LAYERS)
-    if layer in LAYERS:
-        return [FUSED.name]
+    layered, fused_name = list(dataset_streams(dataset)), fused_stream(dataset).name
+    if layer == fused_name:
+        return layered
+    if layer in layered:
+        return [fused_name]
     return []
 
 
 @contextmanager
 def other_mode_held(
-    spark: SparkSession, lakehouse: Lakehouse, layer: str, ttl_s: float = lease.DEFAULT_TTL_S
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    layer: str,
+    ttl_s: float = lease.DEFAULT_TTL_S,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> Iterator[None]:
     """Hold the leases of the other mode's streams for a block: ``layer``'s mode check and the checkpoint it
     makes. Without them, two starts of different modes on an empty lakehouse both find no checkpoint of
@@ -201,11 +215,11 @@ def other_mode_held(
         with other_mode_held(spark, Lakehouse("/data/lake"), "bronze"):
             check_mode(spark, Lakehouse("/data/lake"), "bronze")  # no fused start meanwhile
     """
-    others = other_mode_streams(layer)
+    others = other_mode_streams(layer, dataset)
     if not others:
         yield
         return
-    mode = Mode.FUSED if layer == FUSED.name else Mode.LAYERED
+    mode = Mode.FUSED if layer == fused_stream(dataset).name else Mode.LAYERED
     way_out = f"The two modes never run side by side: `checkpoints switch {mode.value}` hands the lakehouse over."
     deadline = time.monotonic() + (0 if mode is Mode.FUSED else MODE_CHECK_WAIT_S)
     held = ExitStack()
@@ -217,13 +231,13 @@ def other_mode_held(
             if time.monotonic() >= deadline:
                 raise
             time.sleep(lease.WATCH_INTERVAL_S)
-            check_mode(spark, lakehouse, layer)  # the fused start that held it may have made its checkpoint
+            check_mode(spark, lakehouse, layer, dataset)  # the fused start that held it may have made its checkpoint
     with held:
         yield
 
 
-def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str) -> None:
-    """Refuse a stream of one mode on a lakehouse whose tables the other mode's streams carry on.
+def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str, dataset: Dataset = EVENTS_DATASET) -> None:
+    """Refuse a stream of ``dataset`` of one mode where the other mode's streams carry its tables on.
 
     The layered bronze stream would read Kafka again from its own, older offsets, and the layered gold
     would add silver rows the fused stream added already (and the other way round): the two modes
@@ -233,13 +247,13 @@ def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str) -> None:
 
         check_mode(spark, Lakehouse("/data/lake"), "fused")  # or CheckpointError naming `checkpoints switch fused`
     """
-    if layer == FUSED.name:
+    if layer == fused_stream(dataset).name:
         mode, other = Mode.FUSED, Mode.LAYERED
-    elif layer in LAYERS:
+    elif layer in dataset_streams(dataset):
         mode, other = Mode.LAYERED, Mode.FUSED
     else:
         return  # an egress reads gold's changes in either mode
-    found = streams_holding_the_lakehouse(spark, lakehouse, other)
+    found = streams_holding_the_lakehouse(spark, lakehouse, other, dataset)
     if found:
         raise checkpoints.CheckpointError(
             Refusal.OTHER_MODE.message(
@@ -253,17 +267,18 @@ def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str) -> None:
 
 
 def run_available_now(
-    spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, contract: Contract = EVENTS
+    spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, dataset: Dataset = EVENTS_DATASET
 ) -> None:
-    """Process everything available, one stream after the other, so each sees what the one before wrote.
+    """Process everything of ``dataset`` available, one stream after the other, so each sees what the one
+    before wrote.
 
     Raises LeaseLost, naming the stream and the way out, if one stopped because this process lost its lease.
     """
     lakehouse = Lakehouse(config.lakehouse_root)
-    for layer in stream_names(config) if layers is None else layers:
+    for layer in stream_names(config, dataset) if layers is None else layers:
         try:
             try:
-                start_stream(spark, config, layer, available_now=True, contract=contract).awaitTermination()
+                start_stream(spark, config, layer, available_now=True, dataset=dataset).awaitTermination()
             except StreamingQueryException:
                 lease.check_not_lost(lakehouse, layer)  # a batch refused to write: say why, not how
                 raise
@@ -279,10 +294,11 @@ def reset(
     lakehouse: Lakehouse,
     streams: list[Stream],
     gold_window: str,
-    contract: Contract = EVENTS,
+    dataset: Dataset = EVENTS_DATASET,
     config: Config | None = None,
 ) -> list[rebuild.Rebuilt]:
-    """Forget the checkpoints of ``streams``; rebuild aside the ones that are rebuilt, each in one commit per table.
+    """Forget the checkpoints of ``streams`` (of ``dataset``, or egresses); rebuild aside the ones that are
+    rebuilt, each in one commit per table.
 
     The ids of the streams it ends are fenced first: on their Delta tables (``checkpoints.reset``)
     and, for an egress ``config`` turns on, on its sink (the egress's ``fence``), so a process of an
@@ -298,6 +314,9 @@ def reset(
     """
     duration_seconds(gold_window, "pipeline.gold_window")
     egresses = configured(config) if config is not None else {}
+    # As ``dataset`` declares them now: a gold's stream rebuilds the gold declared today.
+    layered = dataset_streams(dataset)
+    streams = [layered.get(stream.name, stream) for stream in streams]
     for stream in streams:
         if stream.name in egresses:
             old_id = checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(stream.name), stream.name)
@@ -306,23 +325,31 @@ def reset(
     checkpoints.reset(spark, lakehouse, streams)
     # A reset before the first run rebuilds tables no stream has made yet: made here, as a start makes
     # them. The ones that exist are rebuilt under the contract, which may be another than theirs.
-    ensure_tables(spark, lakehouse, contract, change_feed=bool(egresses), check_existing=False)
-    if any(stream.name == "bronze" for stream in streams) and table_exists(spark, lakehouse.table(BRONZE)):
+    ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses), check_existing=False)
+    bronze_reset = any(stream.layer is Layer.BRONZE for stream in streams)
+    if bronze_reset and table_exists(spark, lakehouse.table(dataset.bronze)):
         identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
-    builders: dict[str, tuple[rebuild.RowsBuilder, dict[str, str]]] = {
-        "silver": (lambda bronze_rows: silver.rebuilt_rows(bronze_rows, contract), {}),
-        "gold": (
-            lambda silver_rows: gold.rebuilt_rows(silver_rows, gold_window, contract),
-            {gold.WINDOW_PROPERTY: gold_window},
-        ),
-    }
-    return [
-        rebuild.rebuild(spark, lakehouse, name, builders[name][0], builders[name][1], contract)
-        for name in rebuild.rebuilt_by_reset(streams)
-    ]
+    rebuilt = []
+    for stream in rebuild.rebuilt_by_reset(streams):
+        if stream.layer is Layer.SILVER:
+            rebuilt.append(
+                rebuild.rebuild(spark, lakehouse, stream, lambda bronze_rows: silver.rebuilt_rows(bronze_rows, dataset))
+            )
+            continue
+        window = gold.window_of(stream.gold, gold_window)
+        rebuilt.append(
+            rebuild.rebuild(
+                spark,
+                lakehouse,
+                stream,
+                lambda silver_rows, each=stream.gold: gold.rebuilt_rows(silver_rows, gold_window, dataset, each),
+                {gold.WINDOW_PROPERTY: window},
+            )
+        )
+    return rebuilt
 
 
-def switch_mode(spark: SparkSession, config: Config, to: Mode, contract: Contract = EVENTS) -> str:
+def switch_mode(spark: SparkSession, config: Config, to: Mode, dataset: Dataset = EVENTS_DATASET) -> str:
     """Hand the lakehouse over from the other mode's streams to those of ``to``, exactly; says what it did.
 
     To fused: silver and gold first read everything bronze and silver hold (an availableNow run of
@@ -349,26 +376,26 @@ def switch_mode(spark: SparkSession, config: Config, to: Mode, contract: Contrac
     if not isinstance(to, Mode):
         raise TypeError(f"to must be a Mode, not {type(to).__name__}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse, contract, change_feed=bool(configured(config)))
+    ensure_tables(spark, lakehouse, dataset, change_feed=bool(configured(config)))
     fused_checkpoint = bool(streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
     # Nothing of the fused stream left (its checkpoint, or its id on a table: a switch cut short) is layered.
     already = fused_checkpoint if to is Mode.FUSED else not fused_checkpoint and not _fused_ids(spark, lakehouse)
     if already:
         return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
     if to is Mode.FUSED:
-        run_available_now(spark, config, ("silver", "gold"), contract)
+        run_available_now(spark, config, ("silver", "gold"), dataset)
     else:
         state = checkpoints.inspect(spark, lakehouse, FUSED)
         if state.stream_id is not None and state.refusal() is None and state.last_planned != state.last_committed:
-            run_available_now(spark, config, (FUSED.name,), contract)
+            run_available_now(spark, config, (FUSED.name,), dataset)
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     way_out = f"Then run `checkpoints switch {to.value}` again."
     with lease.holding(spark, lakehouse, [*LAYERS, FUSED.name], way_out=way_out, ttl_s=ttl_s):
         if to is Mode.FUSED:
             if streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED):  # another switch was quicker
                 return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
-            return _hand_to_fused(spark, lakehouse, config, contract)
-        return _hand_to_layered(spark, lakehouse, config, contract)
+            return _hand_to_fused(spark, lakehouse, config, dataset)
+        return _hand_to_layered(spark, lakehouse, config, dataset)
 
 
 def _fused_ids(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
@@ -379,7 +406,7 @@ def _fused_ids(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
     }
 
 
-def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
+def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, dataset: Dataset) -> str:
     # Fence first, then check: from the fence on no layered commit lands, so what is unread now stays so.
     checkpoints.fence(spark, lakehouse, [STREAMS[name] for name in LAYERS])
     unread = {name: _first_unread_rows(spark, lakehouse, STREAMS[name]) for name in ("silver", "gold")}
@@ -387,7 +414,7 @@ def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, co
     if overtaken:
         # A layered process wrote after silver and gold finished (one that stood still past its lease):
         # rows silver or gold never read. Their ids are fenced, so they can no longer read them: rebuilt.
-        rebuilt = reset_fused(spark, config, contract)
+        rebuilt = reset_fused(spark, config, dataset)
         done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
         return (
             f"{' and '.join(overtaken)} added rows while the switch ran, never read by the layer below: rebuilt "
@@ -433,7 +460,7 @@ def _fused_progress(spark: SparkSession, lakehouse: Lakehouse) -> tuple[int | No
     return checkpoints.last_planned_batch(spark, checkpoint), checkpoints.last_committed_batch(spark, checkpoint)
 
 
-def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, contract: Contract) -> str:
+def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, dataset: Dataset) -> str:
     # Whether it can resume as it is, read before the fence (after it, its tables read as ahead of it).
     finished = _fused_finished(spark, lakehouse)
     progress = _fused_progress(spark, lakehouse)
@@ -443,7 +470,7 @@ def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, 
     finished = finished and _fused_progress(spark, lakehouse) == progress
     checkpoints.reset(spark, lakehouse, [FUSED])
     if not finished:
-        rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)
+        rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, dataset, config)
         done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
         return (
             f"the fused stream's last batch is not known to be whole: rebuilt {done}; bronze resumes after its offsets"
@@ -467,7 +494,7 @@ def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, 
     )
 
 
-def reset_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> list[rebuild.Rebuilt]:
+def reset_fused(spark: SparkSession, config: Config, dataset: Dataset = EVENTS_DATASET) -> list[rebuild.Rebuilt]:
     """Start the fused stream anew: its id fenced, silver and gold rebuilt from bronze, a new checkpoint.
 
     What `checkpoints reset bronze` is to the layered streams: whatever the fused stream's last batch
@@ -481,14 +508,14 @@ def reset_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS
     """
     lakehouse = Lakehouse(config.lakehouse_root)
     checkpoints.reset(spark, lakehouse, [FUSED])
-    rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, contract, config)
+    rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, dataset, config)
     # The rebuild leaves silver and gold to new layered streams: their ids are ended at once.
     checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
     checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
     return rebuilt
 
 
-def restart_fused(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> str:
+def restart_fused(spark: SparkSession, config: Config, dataset: Dataset = EVENTS_DATASET) -> str:
     """A new fused checkpoint that reads Kafka after the offsets bronze holds, silver and gold left as they are:
     `checkpoints reset fused --only`, the way out of a changed subscription or topic, and what
     `checkpoints accept-loss` does after recording the lost records. Exact when the fused stream's last
@@ -501,7 +528,7 @@ def restart_fused(spark: SparkSession, config: Config, contract: Contract = EVEN
     """
     lakehouse = Lakehouse(config.lakehouse_root)
     if not _fused_finished(spark, lakehouse):
-        rebuilt = reset_fused(spark, config, contract)
+        rebuilt = reset_fused(spark, config, dataset)
         done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
         return f"the fused stream's last batch is not known to be whole: rebuilt {done}; it resumes after bronze"
     checkpoints.reset(spark, lakehouse, [FUSED])

@@ -310,7 +310,7 @@ def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: str, otherw
     # Tables rebuilt by a reset hold their source through the version they were built from, before the stream's
     # first batch.
     stream_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint(stream), stream)
-    start = None if stream_id is None else rebuild.starting_version(spark, lakehouse, stream, stream_id)
+    start = None if stream_id is None else rebuild.starting_version(spark, lakehouse, STREAMS[stream], stream_id)
     return otherwise if start is None else Consumed(start - 1)
 
 

@@ -29,6 +29,8 @@ from pyspark.sql import functions as F
 from ..bronze import with_topic_ids
 from ..config import Config
 from ..contract import WINDOW_START, Contract
+from ..dataset import Dataset
+from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
 from ..delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
 from ..egress import GOLD_VERSION, configured
@@ -90,12 +92,12 @@ def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut, topic
 
 
 def run_audit(
-    spark: SparkSession, config: Config, contract: Contract = EVENTS, bound: Bound | None = None
+    spark: SparkSession, config: Config, dataset: Dataset = EVENTS_DATASET, bound: Bound | None = None
 ) -> AuditReport:
     """Reconcile the lakehouse of ``config`` with Kafka at a cut of the (perhaps running) pipeline.
 
-    Gold is recomputed from silver by ``contract``; ``bound`` narrows the audit to bronze's last
-    batches or to records since a time.
+    Gold is recomputed from silver by ``dataset``'s contract; ``bound`` narrows the audit to bronze's
+    last batches or to records since a time.
 
     Example::
 
@@ -103,7 +105,7 @@ def run_audit(
     """
     bound = Bound() if bound is None else bound
     lakehouse = Lakehouse(config.lakehouse_root)
-    schemas = table_schemas(contract)
+    contract, schemas = dataset.contract, table_schemas(dataset)
     egresses = configured(config)
     cut = take_cut(spark, config, lakehouse, bound, tuple(egresses))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
@@ -183,26 +184,38 @@ def _aggregate_field(aggregate: Aggregate, contract: Contract) -> StructField:
     return StructField(aggregate.column, LongType(), False)  # a distinct count
 
 
-def table_schemas(contract: Contract = EVENTS) -> dict[str, StructType]:
-    """Every table's schema under ``contract``."""
-    return {
-        BRONZE: BRONZE_SCHEMA,
-        SILVER: silver_schema(contract),
-        QUARANTINE: QUARANTINE_SCHEMA,
-        GOLD: gold_schema(contract),
+def table_schemas(dataset: Dataset = EVENTS_DATASET) -> dict[str, StructType]:
+    """Every table of ``dataset`` and its schema under the dataset's contract.
+
+    Example::
+
+        list(table_schemas(EVENTS_DATASET))
+        # ['bronze_events', 'silver_events', 'quarantine_events', 'gold_event_windows']
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    contract = dataset.contract
+    schemas = {
+        dataset.bronze: BRONZE_SCHEMA,
+        dataset.silver: silver_schema(contract),
+        dataset.quarantine: QUARANTINE_SCHEMA,
     }
+    for gold in dataset.golds:
+        schemas[dataset.gold_table(gold)] = gold_schema(contract, gold)
+        for aggregate in gold.aggregates:
+            if aggregate.kind is AggregateKind.DISTINCT:
+                values = distinct_values_schema(contract, gold, aggregate.column)
+                schemas[dataset.values_table(gold, aggregate)] = values
+    return schemas
 
 
 # The schemas of the default contract.
 SILVER_SCHEMA = silver_schema(EVENTS)
 GOLD_SCHEMA = gold_schema(EVENTS)
-SCHEMAS = table_schemas(EVENTS)
+SCHEMAS = table_schemas(EVENTS_DATASET)
 AMOUNT_TYPE = EVENTS.field("amount").spark_type
 # Spark widens sum(DECIMAL(18,2)) to DECIMAL(28,2): exact for any realistic total.
 AMOUNT_SUM_TYPE = EVENTS.field("amount").sum_type
-
-# Delta itself rejects updates and deletes on these: raw and parsed history is never rewritten.
-APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
 
 # Silver and quarantine are deduplicated on Kafka coordinates by a MERGE that must read
 # only the files that can hold the batch's offsets. One directory per Kafka partition keeps
@@ -210,28 +223,50 @@ APPEND_ONLY = {BRONZE, SILVER, QUARANTINE}
 # the number of topics or partitions added later; compaction works within a directory, so
 # it keeps that property. The price: a batch writes one file per Kafka partition it holds.
 KAFKA_PARTITION_COLUMNS = ("topic", "partition")
-PARTITION_COLUMNS = {SILVER: KAFKA_PARTITION_COLUMNS, QUARANTINE: KAFKA_PARTITION_COLUMNS}
 
 
-def table_properties(name: str, contract: Contract = EVENTS) -> dict[str, str]:
-    """Delta properties a table is created with (an existing table keeps its own).
+def partition_columns(name: str, dataset: Dataset = EVENTS_DATASET) -> tuple[str, ...]:
+    """The columns table ``name`` of ``dataset`` is partitioned by: silver's and quarantine's Kafka partition."""
+    return KAFKA_PARTITION_COLUMNS if name in (dataset.silver, dataset.quarantine) else ()
 
-    Statistics are collected only for the columns that data skipping uses (Delta's
-    default is the first 32 columns, paid on every write): the offsets that the
-    dedup MERGE prunes on, bronze's Kafka coordinates and times, silver's event time
-    for readers. Gold keeps them all: it has few columns.
+
+def table_properties(name: str, dataset: Dataset = EVENTS_DATASET) -> dict[str, str]:
+    """Delta properties a table of ``dataset`` is created with (an existing table keeps its own).
+
+    Bronze, silver and quarantine are append-only (Delta itself rejects updates and deletes: raw
+    and parsed history is never rewritten). Statistics are collected only for the columns that
+    data skipping uses (Delta's default is the first 32 columns, paid on every write): the offsets
+    that the dedup MERGE prunes on, bronze's Kafka coordinates and times, silver's event time for
+    readers. Gold keeps them all: it has few columns.
+
+    Example::
+
+        table_properties("silver_events")["delta.dataSkippingStatsColumns"]  # "offset,event_time"
     """
-    if name not in TABLES:
-        raise ValueError(f"name must be one of the lakehouse tables, not {name!r}")
-    properties = {"delta.appendOnly": "true"} if name in APPEND_ONLY else {}
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if name not in dataset.tables:
+        raise ValueError(f"name must be one of the tables of dataset {dataset.name}, not {name!r}")
+    append_only = (dataset.bronze, dataset.silver, dataset.quarantine)
+    properties = {"delta.appendOnly": "true"} if name in append_only else {}
     stats = {
-        BRONZE: "topic,partition,offset,timestamp",
-        SILVER: f"offset,{contract.event_time}",
-        QUARANTINE: "offset",
+        dataset.bronze: "topic,partition,offset,timestamp",
+        dataset.silver: f"offset,{dataset.contract.event_time}",
+        dataset.quarantine: "offset",
     }
     if name in stats:
         properties["delta.dataSkippingStatsColumns"] = stats[name]
     return properties
+
+
+class Layer(StrEnum):
+    """What a stream is: the layer it writes, the fused stream, or an egress."""
+
+    BRONZE = "bronze"
+    SILVER = "silver"
+    GOLD = "gold"
+    FUSED = "fused"
+    EGRESS = "egress"
 
 
 @dataclass(frozen=True)
@@ -247,6 +282,10 @@ class Stream:
     # passes on. The others follow their source's appends only, and a commit there that removes rows
     # stops them.
     reads_changes: bool = False
+    layer: Layer | None = None
+    # The dataset whose tables it writes (an egress: the one whose gold it publishes), and its gold.
+    dataset: Dataset | None = None
+    gold: Gold | None = None
 
 
 def dataset_streams(dataset: Dataset) -> dict[str, Stream]:
@@ -260,11 +299,30 @@ def dataset_streams(dataset: Dataset) -> dict[str, Stream]:
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
     bronze, silver = dataset.stream("bronze"), dataset.stream("silver")
-    golds = {dataset.gold_stream(gold): dataset.gold_table(gold) for gold in dataset.golds}
+    golds = {dataset.gold_stream(gold): gold for gold in dataset.golds}
     return {
-        bronze: Stream(bronze, "kafka", (dataset.bronze,), (silver, *golds)),
-        silver: Stream(silver, dataset.bronze, (dataset.silver, dataset.quarantine), tuple(golds)),
-        **{name: Stream(name, dataset.silver, (table,), (), rebuilt_from_source=True) for name, table in golds.items()},
+        bronze: Stream(bronze, "kafka", (dataset.bronze,), (silver, *golds), layer=Layer.BRONZE, dataset=dataset),
+        silver: Stream(
+            silver,
+            dataset.bronze,
+            (dataset.silver, dataset.quarantine),
+            tuple(golds),
+            layer=Layer.SILVER,
+            dataset=dataset,
+        ),
+        **{
+            name: Stream(
+                name,
+                dataset.silver,
+                dataset.gold_tables(gold),
+                (),
+                rebuilt_from_source=True,
+                layer=Layer.GOLD,
+                dataset=dataset,
+                gold=gold,
+            )
+            for name, gold in golds.items()
+        },
     }
 
 
@@ -278,7 +336,8 @@ def fused_stream(dataset: Dataset) -> Stream:
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
-    return Stream(dataset.stream("fused"), "kafka", dataset.tables, (), rebuilt_from_source=True)
+    name = dataset.stream("fused")
+    return Stream(name, "kafka", dataset.tables, (), rebuilt_from_source=True, layer=Layer.FUSED, dataset=dataset)
 
 
 STREAMS = dataset_streams(EVENTS_DATASET)
@@ -295,21 +354,30 @@ FUSED = fused_stream(EVENTS_DATASET)
 WHOLE_VERSIONS = str(2**31 - 1)
 
 
-def with_downstream(stream: str) -> list[Stream]:
-    return [STREAMS[name] for name in (stream, *STREAMS[stream].downstream)]
+def with_downstream(stream: str, dataset: Dataset = EVENTS_DATASET) -> list[Stream]:
+    """``dataset``'s layered stream ``stream`` and every stream downstream of it.
+
+    Example::
+
+        [each.name for each in with_downstream("silver")]  # ['silver', 'gold']
+    """
+    streams = dataset_streams(dataset)
+    if stream not in streams:
+        raise ValueError(f"stream must be one of {', '.join(streams)}, not {stream!r}")
+    return [streams[name] for name in (stream, *streams[stream].downstream)]
 
 
-def writer_of(table: str) -> Stream:
-    """The stream that writes the lakehouse table ``table``.
+def writer_of(table: str, dataset: Dataset = EVENTS_DATASET) -> Stream:
+    """The layered stream of ``dataset`` that writes its table ``table``.
 
     Example::
 
         writer_of(SILVER).name  # "silver"
     """
-    for stream in STREAMS.values():
+    for stream in dataset_streams(dataset).values():
         if table in stream.sinks:
             return stream
-    raise ValueError(f"table must be one of the lakehouse tables, not {table!r}")
+    raise ValueError(f"table must be one of the tables of dataset {dataset.name}, not {table!r}")
 
 
 @dataclass(frozen=True)
@@ -338,25 +406,26 @@ class TableSchemaError(RuntimeError):
 def ensure_tables(
     spark: SparkSession,
     lakehouse: Lakehouse,
-    contract: Contract = EVENTS,
+    dataset: Dataset = EVENTS_DATASET,
     change_feed: bool = False,
     check_existing: bool = True,
 ) -> None:
-    """Create every table with its explicit schema, so streams never infer one.
+    """Create every table of ``dataset`` with its explicit schema, so streams never infer one.
 
     A table that exists already is left as it is, so it must have the schema the
-    contract gives it: Delta's createIfNotExists does not compare, and a MERGE
+    dataset's contract gives it: Delta's createIfNotExists does not compare, and a MERGE
     silently drops source columns the table lacks. A table created for another
     contract raises TableSchemaError, naming the differences; with ``check_existing``
-    off it is left unchecked (a reset that rebuilds it under ``contract`` next).
-    ``change_feed`` (an egress is on) makes gold record its change data feed, on an
-    existing gold too.
+    off it is left unchecked (a reset that rebuilds it under the contract next).
+    ``change_feed`` (an egress is on) makes the dataset's first gold, the one the egresses
+    publish, record its change data feed, on an existing gold too.
 
     Example::
 
         ensure_tables(spark, Lakehouse("/data/lake"), change_feed=True)
     """
-    for name, schema in table_schemas(contract).items():
+    published = dataset.gold_table(dataset.golds[0])
+    for name, schema in table_schemas(dataset).items():
         path = lakehouse.table(name)
         snapshot = latest_snapshot(spark, path)
         if snapshot.version() >= 0:
@@ -365,10 +434,10 @@ def ensure_tables(
                 check_schema(name, path, schema, snapshot_schema(snapshot))
             continue
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-        if name in PARTITION_COLUMNS:
-            builder = builder.partitionedBy(*PARTITION_COLUMNS[name])
-        properties = table_properties(name, contract)
-        if change_feed and name == GOLD:
+        if partition_columns(name, dataset):
+            builder = builder.partitionedBy(*partition_columns(name, dataset))
+        properties = table_properties(name, dataset)
+        if change_feed and name == published:
             properties[CHANGE_FEED] = "true"
         for key, value in properties.items():
             builder = builder.property(key, value)
@@ -389,7 +458,7 @@ def ensure_tables(
                 found = builder.execute().toDF().schema
         check_schema(name, path, schema, found)
     if change_feed:
-        _enable_change_feed(spark, lakehouse.table(GOLD))
+        _enable_change_feed(spark, lakehouse.table(published))
 
 
 # A commit or a checkpoint of a Delta log: the files that make a table (a temporary file does not).

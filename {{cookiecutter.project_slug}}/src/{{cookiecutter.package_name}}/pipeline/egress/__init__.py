@@ -180,8 +180,9 @@ def stream(name: str):
 
         checkpoints.prepare(spark, lakehouse, stream("kafka_egress"))
     """
-    from ..delta.tables import GOLD, Stream
+    from ..datasets.events import DATASET
+    from ..delta.tables import GOLD, Layer, Stream
 
     if name not in installed():
         raise ValueError(f"name must be an egress stream of this project ({', '.join(installed()) or 'none'})")
-    return Stream(name, GOLD, sinks=(), downstream=(), reads_changes=True)
+    return Stream(name, GOLD, sinks=(), downstream=(), reads_changes=True, layer=Layer.EGRESS, dataset=DATASET)

@@ -32,17 +32,16 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from ..contract import Contract
-from ..datasets.events import EVENTS
+from ..dataset import Dataset
 from ..delta import files
 from ..delta.tables import (
-    PARTITION_COLUMNS,
-    STREAMS,
     WHOLE_VERSIONS,
     Lakehouse,
+    Layer,
     Stream,
     check_schema,
     latest_snapshot,
+    partition_columns,
     read_properties,
     schema_differences,
     set_properties,
@@ -59,8 +58,8 @@ from .sink_progress import IDENTITY_PROPERTY, REBUILDING_PROPERTY, START_PROPERT
 # compute them (unpersisted once every table is written), or None.
 RowsBuilder = Callable[[DataFrame], tuple[dict[str, DataFrame], DataFrame | None]]
 
-# The streams a reset rebuilds aside, in the order they must be rebuilt.
-REBUILT = ("silver", "gold")
+# The layers whose streams a reset rebuilds aside, in the order they must be rebuilt.
+REBUILT = (Layer.SILVER, Layer.GOLD)
 
 
 @dataclass(frozen=True)
@@ -74,41 +73,54 @@ class Rebuilt:
     stream_id: str
 
 
-def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: str, stream_id: str) -> int | None:
-    """The source version ``stream``'s stream ``stream_id`` starts at, when a rebuild made it; None otherwise.
+def _check_rebuilt(stream: Stream) -> None:
+    if not isinstance(stream, Stream) or stream.layer not in REBUILT or stream.dataset is None:
+        raise ValueError(f"stream must be a dataset's silver or gold stream, not {stream!r}")
+
+
+def starting_version(spark: SparkSession, lakehouse: Lakehouse, stream: Stream, stream_id: str) -> int | None:
+    """The source version ``stream`` (a silver or gold stream) with id ``stream_id`` starts at, when a rebuild
+    made it; None otherwise.
 
     Example::
 
-        starting_version(spark, Lakehouse("/data/lake"), "gold", prepared.stream_id)  # 42
+        starting_version(spark, Lakehouse("/data/lake"), STREAMS["gold"], prepared.stream_id)  # 42
     """
-    if stream not in REBUILT:
-        raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
+    _check_rebuilt(stream)
     if not stream_id:
         raise ValueError("stream_id must be the stream's id")
-    properties = read_properties(spark, lakehouse.table(STREAMS[stream].sinks[0]))
-    return recorded_start(properties.get(START_PROPERTY % stream), stream_id)
+    properties = read_properties(spark, lakehouse.table(stream.sinks[0]))
+    return recorded_start(properties.get(START_PROPERTY % stream.name), stream_id)
 
 
-def rebuilt_by_reset(streams: list[Stream]) -> list[str]:
-    """Which of ``streams`` a reset of them all rebuilds aside, in order.
+def rebuilt_by_reset(streams: list[Stream]) -> list[Stream]:
+    """Which of ``streams`` a reset of them all rebuilds aside, in order: every gold stream, and a silver
+    stream when every gold of its dataset is reset with it (an overwrite of silver would stop a gold
+    stream that goes on reading it).
 
     Example::
 
-        rebuilt_by_reset(with_downstream("silver"))  # ["silver", "gold"]; [STREAMS["silver"]] alone: []
+        rebuilt_by_reset(with_downstream("silver"))  # [silver, gold]; [STREAMS["silver"]] alone: []
     """
     names = {stream.name for stream in streams}
-    return [name for name in REBUILT if name in names and (name == "gold" or "gold" in names)]
+    rebuilt = [
+        stream
+        for stream in streams
+        if stream.layer is Layer.GOLD
+        or (stream.layer is Layer.SILVER and stream.downstream and names.issuperset(stream.downstream))
+    ]
+    return sorted(rebuilt, key=lambda stream: REBUILT.index(stream.layer))
 
 
 def rebuild(
     spark: SparkSession,
     lakehouse: Lakehouse,
-    stream: str,
+    stream: Stream,
     build: RowsBuilder,
     properties: dict[str, str] | None = None,
-    contract: Contract = EVENTS,
 ) -> Rebuilt:
-    """Replace the tables of ``stream`` (silver or gold) by ``build`` of its source at one version (see ``_swap_in``).
+    """Replace the tables of ``stream`` (a silver or gold stream) by ``build`` of its source at one version
+    (see ``_swap_in``).
 
     ``build`` turns the source's rows into each table's new rows (the layer's ``rebuilt_rows``);
     ``properties`` are set on every rebuilt table with the stream's new id. The stream's checkpoint
@@ -116,18 +128,17 @@ def rebuild(
 
     Example::
 
-        rebuild(spark, Lakehouse("/data/lake"), "gold", lambda silver: gold.rebuilt_rows(silver, "1 minute")).rows
+        rebuild(spark, lake, STREAMS["gold"], lambda silver: gold.rebuilt_rows(silver, "1 minute")).rows
         # {"gold_event_windows": 1440}
     """
-    if stream not in REBUILT:
-        raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
+    _check_rebuilt(stream)
     if not callable(build):
         raise TypeError("build must turn the source's rows into each table's rows")
-    sinks, source = STREAMS[stream].sinks, STREAMS[stream].source
-    checkpoint = lakehouse.checkpoint(stream)
-    if checkpoints.read_stream_id(spark, checkpoint, stream) is not None:
-        raise checkpoints.CheckpointError(f"{stream}: rebuild needs {stream}'s checkpoint reset first")
-    schemas = table_schemas(contract)
+    dataset, sinks, source, writer = stream.dataset, stream.sinks, stream.source, stream.name
+    checkpoint = lakehouse.checkpoint(writer)
+    if checkpoints.read_stream_id(spark, checkpoint, writer) is not None:
+        raise checkpoints.CheckpointError(f"{writer}: rebuild needs {writer}'s checkpoint reset first")
+    schemas = table_schemas(dataset)
     source_path = lakehouse.table(source)
     snapshot = latest_snapshot(spark, source_path)
     source_version = snapshot.version() if snapshot.version() >= 0 else None
@@ -135,7 +146,7 @@ def rebuild(
         # Silver of another contract cannot be aggregated by this one: it is rebuilt first.
         check_schema(source, source_path, schemas[source], snapshot_schema(snapshot))
     stream_id = str(uuid.uuid4())
-    marker = {REBUILDING_PROPERTY % stream: stream_id}
+    marker = {REBUILDING_PROPERTY % writer: stream_id}
     for name in sinks:
         # Silver and quarantine are append-only: the overwrite is the one commit allowed to replace them.
         set_properties(spark, lakehouse.table(name), {**marker, "delta.appendOnly": "false"})
@@ -149,25 +160,25 @@ def rebuild(
         written = {}
         for name in sinks:
             if written:
-                reach(stream, BETWEEN_SINK_COMMITS, -1 if source_version is None else source_version)
-            written[name] = _swap_in(spark, lakehouse, name, schemas[name], rows.get(name), contract)
+                reach(writer, BETWEEN_SINK_COMMITS, -1 if source_version is None else source_version)
+            written[name] = _swap_in(spark, lakehouse, name, schemas[name], rows.get(name), dataset)
     finally:
         if cached is not None:
             cached.unpersist()
     start = {"stream_id": stream_id, "source_version": 0 if source_version is None else source_version + 1}
     for position, name in enumerate(sinks):
         path = lakehouse.table(name)
-        table = {**table_properties(name, contract), IDENTITY_PROPERTY % stream: stream_id}
+        table = {**table_properties(name, dataset), IDENTITY_PROPERTY % writer: stream_id}
         if position == 0:
-            table[START_PROPERTY % stream] = json.dumps(start)
+            table[START_PROPERTY % writer] = json.dumps(start)
         set_properties(spark, path, {**table, **(properties or {})})
-        unset_property(spark, path, REBUILDING_PROPERTY % stream)
+        unset_property(spark, path, REBUILDING_PROPERTY % writer)
     checkpoints.create_stream_id(spark, checkpoint, stream_id)
-    return Rebuilt(stream, written, source, source_version, stream_id)
+    return Rebuilt(writer, written, source, source_version, stream_id)
 
 
 def _swap_in(
-    spark: SparkSession, lakehouse: Lakehouse, name: str, schema: StructType, rows: DataFrame | None, contract: Contract
+    spark: SparkSession, lakehouse: Lakehouse, name: str, schema: StructType, rows: DataFrame | None, dataset: Dataset
 ) -> int:
     """Write ``rows`` aside under ``schema``, then over the table; the rows written.
 
@@ -185,10 +196,10 @@ def _swap_in(
     built = spark.read.format("delta").load(aside)
     if schema_differences(schema, snapshot_schema(latest_snapshot(spark, path))):
         replaced = DeltaTable.replace(spark).location(path).addColumns(schema)
-        replaced = replaced.partitionedBy(*PARTITION_COLUMNS.get(name, ()))
+        replaced = replaced.partitionedBy(*partition_columns(name, dataset))
         # The stream ids, the rebuild's mark and the change feed stay; the statistics follow the new columns;
         # appendOnly comes back with the properties a rebuild sets last.
-        created = {key: value for key, value in table_properties(name, contract).items() if key != "delta.appendOnly"}
+        created = {key: value for key, value in table_properties(name, dataset).items() if key != "delta.appendOnly"}
         for key, value in {**read_properties(spark, path), **created}.items():
             replaced = replaced.property(key, value)
         replaced.execute()
@@ -200,21 +211,21 @@ def _swap_in(
     return count
 
 
-def source_stream(spark: SparkSession, lakehouse: Lakehouse, stream: str, stream_id: str | None) -> DataFrame:
-    """The Delta stream of the table ``stream`` reads; after a rebuild, from the version after the one it read.
+def source_stream(spark: SparkSession, lakehouse: Lakehouse, stream: Stream, stream_id: str | None) -> DataFrame:
+    """The Delta stream of the table ``stream`` (a silver or gold stream) reads; after a rebuild, from the
+    version after the one it read.
 
     Example::
 
-        source_stream(spark, Lakehouse("/data/lake"), "gold", prepared.stream_id)  # silver's change stream
+        source_stream(spark, Lakehouse("/data/lake"), STREAMS["gold"], prepared.stream_id)  # silver's change stream
     """
-    if stream not in REBUILT:
-        raise ValueError(f"stream must be one of {', '.join(REBUILT)}, not {stream!r}")
+    _check_rebuilt(stream)
     source = spark.readStream.format("delta")
-    if stream == "gold":
+    if stream.layer is Layer.GOLD:
         # Gold holds whole silver versions after every batch, as the audit checks it (see WHOLE_VERSIONS).
         source = source.option("maxFilesPerTrigger", WHOLE_VERSIONS)
     # Set by a rebuild for its new stream only: the source up to there is in the stream's tables already.
     start = None if stream_id is None else starting_version(spark, lakehouse, stream, stream_id)
     if start is not None:
         source = source.option("startingVersion", start)
-    return source.load(lakehouse.table(STREAMS[stream].source))
+    return source.load(lakehouse.table(stream.source))
