@@ -1,6 +1,6 @@
 """Where every table and checkpoint lives, and what each table holds.
 
-Layout under the lakehouse root (LAKEHOUSE_ROOT):
+Layout under the lakehouse root (LAKEHOUSE_ROOT), for the events dataset:
 
     tables/bronze_events         raw Kafka records with their topic's id, append-only
     tables/silver_events         parsed, typed, one row per Kafka record
@@ -8,9 +8,11 @@ Layout under the lakehouse root (LAKEHOUSE_ROOT):
     tables/gold_event_windows    per event-time window and dimension values
     checkpoints/<stream>         one Spark checkpoint per stream, never shared
 
-and which stream reads what and writes where. The silver and gold schemas come
-from the event contract (contract.py); bronze and quarantine hold raw records
-and do not depend on it.
+and which stream reads what and writes where (``dataset_streams``). Every dataset
+has tables of its own named after it (``dataset.py``), a gold's exact distinct
+counts a table of values each. The silver and gold schemas come from the dataset's
+contract (contract.py) and golds; bronze and quarantine hold raw records and do
+not depend on them.
 """
 
 from __future__ import annotations
