@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.devtools.nemesis import (
     Step,
     compiled_java_options,
     copy_directory,
+    reset_by,
     shortest_failing,
 )
 from {{ cookiecutter.package_name }}.pipeline.config import Mode
@@ -236,6 +237,16 @@ def test_a_reset_clears_what_was_predicted_but_a_loss_in_kafka():
     assert predictions.certain(["bronze"]) and not predictions.certain(["gold"])
     predictions.cleared(["bronze"])
     assert predictions.pending(["bronze"]) == set()
+
+
+def test_a_way_out_that_resets_a_stream_clears_what_was_predicted_below_it_unless_only():
+    # Silver's way out `checkpoints reset silver` rebuilds gold too, with a new checkpoint: a refusal
+    # predicted for gold's lost checkpoint no longer comes.
+    assert reset_by(["checkpoints", "reset", "silver"]) == ("silver", True)
+    assert reset_by(["checkpoints", "reset", "bronze", "--only", "--yes"]) == ("bronze", False)
+    assert reset_by(["checkpoints", "accept-loss"]) is None
+    with pytest.raises(TypeError):
+        reset_by("checkpoints reset silver")
 
 
 @pytest.mark.storage

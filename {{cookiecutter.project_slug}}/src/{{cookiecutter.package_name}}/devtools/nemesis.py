@@ -639,6 +639,10 @@ class Nemesis:
                 self.report.anomalies["ways_out_that_failed"] += 1
                 self.report.findings.append(f"way out {' '.join(command)} exited {exit_code}: {_last_lines(out)}")
                 return exit_code, out
+            reset = reset_by(command)
+            if reset is not None:
+                # What the reset rebuilt (with a cascade, the streams below too) starts anew, as after `reset`.
+                self._refusals_cleared(reset[0], downstream=reset[1], reset=True)
             code, output = self._run(args, extra_env)
         if certain and not refused and args[0] == "run":
             self.report.anomalies["predicted_refusals_missed"] += 1
@@ -1509,6 +1513,21 @@ def way_out_of(output: str) -> str | None:
     """
     commands = WAY_OUT.findall(output)
     return commands[-1] if commands else None
+
+
+def reset_by(command: list[str]) -> tuple[str, bool] | None:
+    """The stream a way out resets and whether the streams below it are reset too (no ``--only``);
+    None for a way out that is no reset.
+
+    Example::
+
+        reset_by(["checkpoints", "reset", "silver"])  # ("silver", True): gold is rebuilt with it
+    """
+    if isinstance(command, str):
+        raise TypeError("command must be the way out's words, not one string")
+    if command[:2] != ["checkpoints", "reset"] or len(command) < 3:
+        return None
+    return command[2], "--only" not in command
 
 
 def refusals_found(output: str) -> set[str]:
