@@ -10,6 +10,9 @@ import pytest
 from {{ cookiecutter.package_name }}.cli.local_servers import resolve_local_bootstrap
 from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, create_certificates
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, kafka_of
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, spark_source_options
 
@@ -43,6 +46,41 @@ def test_the_local_config_turns_on_every_egress_of_the_project_and_pipeline_egre
     assert configure(config, environ={"PIPELINE_EGRESS": "none"}).egress == {}
     with pytest.raises(ConfigError, match="PIPELINE_EGRESS: egress_nowhere is not an egress section"):
         configure(config, environ={"PIPELINE_EGRESS": "egress_nowhere"})
+
+
+ORDERS = Dataset(
+    "orders",
+    Contract(fields=(Field("order_id", Kind.STRING), Field("ordered_at", Kind.TIMESTAMP)), event_time="ordered_at"),
+    (Gold("by_minute", (Aggregate(AggregateKind.COUNT),)),),
+)
+
+
+def test_a_second_dataset_reads_the_topics_of_its_own_table_and_a_topic_feeds_one_dataset(tmp_path):
+    both = (*DATASETS, ORDERS)
+    orders_table = '\n[dataset_orders]\ntopics = ["orders", "refunds"]\ncompacted_topics = ["refunds"]\n'
+    config = load_config(config_file=config_file(tmp_path, PACKAGED_LOCAL + orders_table), environ={})
+
+    first = kafka_of(config, DATASETS[0], {}, both)
+    orders = kafka_of(config, ORDERS, {}, both)
+    assert first == config.kafka
+    assert (orders.topics, orders.compacted_topics) == (("orders", "refunds"), ("refunds",))
+    assert orders.bootstrap_servers == config.kafka.bootstrap_servers
+    # Overridden per environment by DATASET_<NAME>_<KEY>.
+    overridden = kafka_of(config, ORDERS, {"DATASET_ORDERS_TOPICS": "orders-v2, refunds"}, both)
+    assert (overridden.topics, overridden.compacted_topics) == (("orders-v2", "refunds"), ("refunds",))
+
+    with pytest.raises(ConfigError, match="dataset_orders: missing: dataset orders reads the topics"):
+        kafka_of(load_config(environ={}), ORDERS, {}, both)
+    with pytest.raises(ConfigError, match="dataset_orders: unknown section: no dataset of this project"):
+        kafka_of(config, DATASETS[0], {}, DATASETS)
+    taken = config.kafka.topics[0]
+    shared = config_file(tmp_path, PACKAGED_LOCAL + f'\n[dataset_orders]\ntopics = ["{taken}"]\n')
+    with pytest.raises(ConfigError, match=f"dataset_orders.topics: topic {taken} is dataset events's already"):
+        kafka_of(load_config(config_file=shared, environ={}), ORDERS, {}, both)
+    unread_table = '\n[dataset_orders]\ntopics = ["orders"]\ncompacted_topics = ["x"]\n'
+    unread = config_file(tmp_path, PACKAGED_LOCAL + unread_table)
+    with pytest.raises(ConfigError, match=r"dataset_orders.compacted_topics: \['x'\] not among its topics"):
+        kafka_of(load_config(config_file=unread, environ={}), ORDERS, {}, both)
 
 
 def test_an_egress_table_of_an_egress_the_project_lacks_is_refused_naming_it(tmp_path):

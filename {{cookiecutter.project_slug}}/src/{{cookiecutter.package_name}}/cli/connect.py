@@ -20,8 +20,10 @@ def connect(config: Config, egress: bool = False, asked: str | None = None, prov
 
         config = connect(configure(load_config("local")), egress=True, asked="kafka_egress")
     """
+    from ..pipeline.datasets import datasets_kafka
     from ..pipeline.kafka.clients import check_connection
 
+    datasets_kafka(config)  # each dataset's topics named, none read by two
     local_broker = uses_local_broker(config)
     config = resolve(config, egress=egress)
     # Before Spark: its Kafka client would retry a refused login forever.

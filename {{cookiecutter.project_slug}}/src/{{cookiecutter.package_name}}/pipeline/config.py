@@ -52,6 +52,9 @@ LOCAL_ENDPOINT = "local"
 CONF_PACKAGE = __package__.rpartition(".")[0]
 # Tables named so are an egress's (see pipeline/egress/): kept as written, parsed by that egress.
 EGRESS_PREFIX = "egress_"
+# Tables named so are a dataset's (``[dataset_<name>]``, see pipeline/datasets/): kept as written,
+# parsed by ``dataset_kafka`` for the dataset of that name.
+DATASET_PREFIX = "dataset_"
 
 TOPIC_PATTERN = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 DURATION_PATTERN = re.compile(r"(\d+) (second|minute|hour|day)s?")
@@ -412,6 +415,53 @@ SASL_PASSWORD_VAR = KafkaConfig.variables("sasl_password")[0]
 SSL_KEY_PASSWORD_VAR = KafkaConfig.variables("ssl_key_password")[0]
 
 
+class DatasetSection(Section):
+    """``[dataset_<name>]``: the Kafka topics of one dataset beside the first (whose are ``kafka.topics``).
+
+    Its variables are ``DATASET_<NAME>_<KEY>`` (``dataset_kafka`` builds the section for the name).
+    """
+
+    topics: tuple[TopicName, ...] = Field(strict=False)
+    compacted_topics: tuple[TopicName, ...] = Field((), strict=False)
+
+    @field_validator("topics")
+    @classmethod
+    def _some_topics(cls, topics: tuple[str, ...]) -> tuple[str, ...]:
+        if not topics:
+            raise ValueError("at least one topic is needed")
+        return topics
+
+    @model_validator(mode="after")
+    def _compacted_are_read(self) -> DatasetSection:
+        unread = [topic for topic in self.compacted_topics if topic not in self.topics]
+        if unread:
+            raise Invalid("compacted_topics", f"{unread} not among its topics {list(self.topics)}")
+        return self
+
+
+def dataset_kafka(config: Config, name: str, environ: Mapping[str, str] | None = None) -> KafkaConfig:
+    """The Kafka section as dataset ``name`` reads it: the cluster of ``[kafka]`` and the topics of
+    ``[dataset_<name>]``, with the overrides ``environ`` holds (default os.environ); ConfigError names
+    the table when there is none, or a bad key.
+
+    Example::
+
+        dataset_kafka(config, "orders").topics  # ("orders",) from [dataset_orders] topics = ["orders"]
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must name a dataset")
+    section = DATASET_PREFIX + name
+    if section not in config.dataset_sections:
+        raise ConfigError(f"{section}: missing: dataset {name} reads the topics this table names")
+    settings = SettingsConfigDict(**DatasetSection.model_config, env_prefix=f"{section.upper()}_")
+    model = type(f"DatasetSection_{name}", (DatasetSection,), {"model_config": settings})
+    environ = os.environ if environ is None else environ
+    found = load_section(model, config.dataset_sections[section], environ, section)
+    return config.kafka.model_copy(update={"topics": found.topics, "compacted_topics": found.compacted_topics})
+
+
 class KafkaLocalSection(Section):
     """``[kafka_local]``: where `kafka-local start` keeps the development broker (optional)."""
 
@@ -539,6 +589,7 @@ class Config(BaseModel):
     metrics_address: str = "127.0.0.1"
     egress_sections: Mapping[str, Any] = Field(default_factory=dict)
     egress: Mapping[str, Section] | None = None
+    dataset_sections: Mapping[str, Any] = Field(default_factory=dict)
 
 
 def load_config(
@@ -560,6 +611,7 @@ def load_config(
     env = env or environ.get(ENV_VAR) or DEFAULT_ENV
     tables = _read_toml(env, config_file or environ.get(CONFIG_FILE_VAR))
     egress = {name: tables.pop(name) for name in list(tables) if name.startswith(EGRESS_PREFIX)}
+    datasets = {name: tables.pop(name) for name in list(tables) if name.startswith(DATASET_PREFIX)}
     settings = load_section(Settings, tables, environ)
     return Config(
         env=env,
@@ -579,6 +631,7 @@ def load_config(
         metrics_port=settings.metrics.port,
         metrics_address=settings.metrics.address,
         egress_sections=egress,
+        dataset_sections=datasets,
     )
 
 
@@ -721,7 +774,8 @@ def _describe(problem: Mapping[str, Any], model: type[Section], where: tuple[str
     elif kind == "extra_forbidden":
         known = list(owner.model_fields) if owner is not None else []
         if owner is Settings:
-            return f"{path[-1]}: unknown section (known: {', '.join([*known, EGRESS_PREFIX + '<name>'])})"
+            extra = [EGRESS_PREFIX + "<name>", DATASET_PREFIX + "<name>"]
+            return f"{path[-1]}: unknown section (known: {', '.join([*known, *extra])})"
         reason = f"unknown key (known: {', '.join(known)})"
     elif kind in TYPE_ERRORS:
         value = problem["input"]

@@ -1,10 +1,14 @@
 """The project's datasets, one module each: where a dataset is declared (see ``dataset.py``).
 
-To add one, write its module beside ``events.py`` and list its ``DATASET`` in ``DATASETS``
-(docs/datasets.md walks it through).
+To add one, write its module beside ``events.py``, list its ``DATASET`` in ``DATASETS`` and name
+its topics in a ``[dataset_<name>]`` table of each environment's config (docs/datasets.md walks
+it through). The first dataset reads ``kafka.topics``.
 """
 
-from ..dataset import Dataset
+from collections.abc import Mapping
+
+from ..config import DATASET_PREFIX, Config, ConfigError, KafkaConfig, dataset_kafka
+from ..dataset import Dataset, Naming
 from . import events
 
 DATASETS: tuple[Dataset, ...] = (events.DATASET,)
@@ -43,3 +47,57 @@ def check_apart(datasets: tuple[Dataset, ...]) -> None:
 
 
 check_apart(DATASETS)
+
+
+def kafka_of(
+    config: Config,
+    declared: Dataset,
+    environ: Mapping[str, str] | None = None,
+    datasets: tuple[Dataset, ...] = DATASETS,
+) -> KafkaConfig:
+    """The Kafka section as ``declared``, one of ``datasets``, reads it (``datasets_kafka``).
+
+    Example::
+
+        kafka_of(config, DATASETS[0]).topics  # kafka.topics
+    """
+    if not isinstance(declared, Dataset):
+        raise TypeError(f"declared must be a Dataset, not {type(declared).__name__}")
+    found = datasets_kafka(config, environ, datasets)
+    if declared.name not in found:
+        raise ValueError(f"dataset {declared.name} is not one of {', '.join(found)}")
+    return found[declared.name]
+
+
+def datasets_kafka(
+    config: Config, environ: Mapping[str, str] | None = None, datasets: tuple[Dataset, ...] = DATASETS
+) -> dict[str, KafkaConfig]:
+    """The Kafka section as each of ``datasets`` reads it, by name: ``[kafka]`` itself for the dataset of
+    the lakehouse's first names (``Naming.SOLE``), else with the topics of its ``[dataset_<name>]`` table
+    (overrides from ``environ``, default os.environ). ConfigError names a table of no dataset, a dataset
+    without its table, or a topic two datasets read: every command checks them before it starts.
+
+    Example::
+
+        sorted(datasets_kafka(config))  # ["events"]
+    """
+    check_apart(datasets)
+    tables = {DATASET_PREFIX + each.name: each for each in datasets if each.naming is not Naming.SOLE}
+    for section in config.dataset_sections:
+        if section not in tables:
+            raise ConfigError(
+                f"{section}: unknown section: no dataset of this project reads its topics from it "
+                f"(its dataset sections: {', '.join(tables) or 'none'})"
+            )
+    readers: dict[str, str] = {}
+    found = {}
+    for each in datasets:
+        kafka = config.kafka if each.naming is Naming.SOLE else dataset_kafka(config, each.name, environ)
+        for topic in kafka.topics:
+            if readers.setdefault(topic, each.name) != each.name:
+                where = "kafka.topics" if each.naming is Naming.SOLE else f"{DATASET_PREFIX}{each.name}.topics"
+                raise ConfigError(
+                    f"{where}: topic {topic} is dataset {readers[topic]}'s already: a topic feeds one dataset"
+                )
+        found[each.name] = kafka
+    return found
