@@ -55,7 +55,7 @@ def measure(bench: Bench) -> None:
     with ExitStack() as servers:
         config, sinks = _phase_config(bench, root, servers)
         lakehouse = Lakehouse(config.lakehouse_root)
-        ensure_tables(bench.spark, lakehouse, EVENTS, change_feed=True)
+        ensure_tables(bench.spark, lakehouse, change_feed=True)
         gold = lakehouse.table(GOLD)
 
         def add_version(first_window: int, end_window: int, files: int = 1, limit: int | None = None) -> None:
