@@ -211,6 +211,22 @@ def reads_bronze_back(config: Config) -> bool:
     return not config.kafka.fail_on_data_loss or bool(config.kafka.compacted_topics)
 
 
+def check_runs(dataset: Dataset) -> None:
+    """ValueError unless the fused stream runs ``dataset``: the events dataset's tables, one gold, no
+    business key.
+
+    Example::
+
+        check_runs(EVENTS_DATASET)  # None
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if (fused_stream(dataset).name, fused_stream(dataset).sinks) != (FUSED.name, FUSED.sinks) or dataset.dedup_key:
+        raise ValueError(
+            f"the fused mode runs the events dataset's tables, one gold and no dedup_key; not dataset {dataset.name}"
+        )
+
+
 def stream_writer(
     spark: SparkSession,
     config: Config,
@@ -226,10 +242,7 @@ def stream_writer(
 
         fused.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    if (fused_stream(dataset).name, fused_stream(dataset).sinks) != (FUSED.name, FUSED.sinks) or dataset.dedup_key:
-        raise ValueError(
-            f"the fused mode runs the events dataset's tables, one gold and no dedup_key; not dataset {dataset.name}"
-        )
+    check_runs(dataset)
     contract, declared = dataset.contract, dataset.golds[0]
     paths = {name: lakehouse.table(name) for name in FUSED.sinks}
     checkpoint, app_id = lakehouse.checkpoint(STREAM), prepared.stream_id

@@ -103,6 +103,8 @@ def start_stream(
     layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
     if layer not in layered and layer != fused_one.name and layer not in egresses:
         raise ValueError(f"layer must be one of {', '.join(stream_names(config, dataset))}, not {layer!r}")
+    if layer == fused_one.name:
+        fused.check_runs(dataset)  # before anything is made or held
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
