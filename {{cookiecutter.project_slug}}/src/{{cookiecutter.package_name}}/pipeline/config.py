@@ -152,6 +152,19 @@ def _topic(value: str) -> str:
     return value
 
 
+def _some_topics(topics: tuple[str, ...]) -> tuple[str, ...]:
+    if not topics:
+        raise ValueError("at least one topic is needed")
+    return topics
+
+
+def _compacted_unread(compacted: tuple[str, ...], topics: tuple[str, ...], read_by: str) -> None:
+    # A compacted topic is one of the topics read: anything else names a topic no stream reads.
+    unread = [topic for topic in compacted if topic not in topics]
+    if unread:
+        raise Invalid("compacted_topics", f"{unread} not {read_by} {list(topics)}")
+
+
 def _checked_duration(value: str) -> str:
     _duration(value)
     return value.strip()
@@ -160,6 +173,7 @@ def _checked_duration(value: str) -> str:
 # Field types shared by the sections and the egresses' settings: one rule each.
 Text = Annotated[str, AfterValidator(_text)]
 TopicName = Annotated[str, AfterValidator(_topic)]
+Topics = Annotated[tuple[TopicName, ...], AfterValidator(_some_topics)]
 Duration = Annotated[str, AfterValidator(_checked_duration)]
 
 
@@ -256,7 +270,7 @@ class KafkaConfig(Section):
 
     bootstrap_servers: Text
     # Not strict as a whole: the file's list becomes the tuple; each name is still text.
-    topics: tuple[TopicName, ...] = Field(strict=False)
+    topics: Topics = Field(strict=False)
     # Those of ``topics`` that are compacted by design (the newest record of a key is what counts): Kafka
     # may remove a superseded record before bronze reads it. Any other compacted topic is refused.
     compacted_topics: tuple[TopicName, ...] = Field((), strict=False)
@@ -282,13 +296,6 @@ class KafkaConfig(Section):
     ssl_key_password: SecretStr | None = Field(None, validate_default=True)
     # Off only for a broker whose certificate does not name the host it is reached by.
     ssl_endpoint_identification: bool = True
-
-    @field_validator("topics")
-    @classmethod
-    def _some_topics(cls, topics: tuple[str, ...]) -> tuple[str, ...]:
-        if not topics:
-            raise ValueError("at least one topic is needed")
-        return topics
 
     @field_validator("security_protocol")
     @classmethod
@@ -356,9 +363,7 @@ class KafkaConfig(Section):
 
     @model_validator(mode="after")
     def _compacted_are_read(self) -> KafkaConfig:
-        unread = [topic for topic in self.compacted_topics if topic not in self.topics]
-        if unread:
-            raise Invalid("compacted_topics", f"{unread} not in kafka.topics {list(self.topics)}")
+        _compacted_unread(self.compacted_topics, self.topics, "in kafka.topics")
         return self
 
     @model_validator(mode="after")
@@ -421,21 +426,12 @@ class DatasetSection(Section):
     Its variables are ``DATASET_<NAME>_<KEY>`` (``dataset_kafka`` builds the section for the name).
     """
 
-    topics: tuple[TopicName, ...] = Field(strict=False)
+    topics: Topics = Field(strict=False)
     compacted_topics: tuple[TopicName, ...] = Field((), strict=False)
-
-    @field_validator("topics")
-    @classmethod
-    def _some_topics(cls, topics: tuple[str, ...]) -> tuple[str, ...]:
-        if not topics:
-            raise ValueError("at least one topic is needed")
-        return topics
 
     @model_validator(mode="after")
     def _compacted_are_read(self) -> DatasetSection:
-        unread = [topic for topic in self.compacted_topics if topic not in self.topics]
-        if unread:
-            raise Invalid("compacted_topics", f"{unread} not among its topics {list(self.topics)}")
+        _compacted_unread(self.compacted_topics, self.topics, "among its topics")
         return self
 
 
