@@ -182,7 +182,8 @@ def drain_in_process(bench: Bench, config: Config, kill_at: tuple[str, float] | 
         query = start_stream(bench.spark, config, layer, available_now=True)
         if deadline is None:
             await_query(query, bench.sizes.timeout_s)
-        elif not query.awaitTermination(max(0.0, deadline - time.monotonic())):
+        # PySpark refuses a timeout of zero: a deadline already passed waits one millisecond.
+        elif not query.awaitTermination(max(0.001, deadline - time.monotonic())):
             query.stop()  # mid-batch: its offsets are logged, its commit is not
             killed_in = layer
             break
