@@ -12,6 +12,9 @@ from ..pipeline import bronze as bronze_layer
 from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
 from ..pipeline.config import Config, Mode, duration_seconds
+from ..pipeline.dataset import Dataset
+from ..pipeline.datasets import DATASETS, owner
+from ..pipeline.datasets import dataset as dataset_named
 from ..pipeline.delta.tables import (
     FUSED,
     LAYERS,
@@ -19,6 +22,7 @@ from ..pipeline.delta.tables import (
     Lakehouse,
     Stream,
     TableSchemaError,
+    dataset_streams,
     set_properties,
     with_downstream,
 )
@@ -32,6 +36,7 @@ from ..pipeline.refusals import Refusal
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
 from .live import LiveLine
+from .streams import add_dataset_argument
 
 
 def register(commands) -> None:
@@ -45,7 +50,8 @@ def register(commands) -> None:
         handler=lambda config, args: list_checkpoints(config, args.json, spark_session(config, "checkpoints"))
     )
     reset = actions.add_parser("reset", help="reset a stream and everything downstream of it")
-    reset.add_argument("stream", choices=["bronze", "silver", "gold", FUSED.name, *installed_names()])
+    layered = [name for each in DATASETS for name in each.streams]
+    reset.add_argument("stream", choices=[*layered, FUSED.name, *installed_names()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
     reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
     reset.set_defaults(
@@ -70,9 +76,10 @@ def register(commands) -> None:
         help="record the records Kafka deleted before bronze read them as lost; bronze resumes after them",
     )
     accept.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    add_dataset_argument(accept, "the dataset whose bronze lost records (default: every dataset)")
     accept.set_defaults(
         handler=lambda config, args: accept_loss(
-            connect(config), args.yes, lambda resolved: spark_session(resolved, "checkpoints")
+            connect(config), args.yes, lambda resolved: spark_session(resolved, "checkpoints"), args.dataset
         )
     )
 
@@ -187,11 +194,12 @@ def reset_checkpoints(
     if stream == FUSED.name:
         return _reset_fused(config, yes, make_spark, only)
     lakehouse = Lakehouse(config.lakehouse_root)
+    declared = owner(stream)  # the dataset of a layer's stream; None for an egress
     # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
-    if stream not in STREAMS:
+    if declared is None:
         streams = [egress_stream(stream)]
     else:
-        streams = [STREAMS[stream]] if only else with_downstream(stream)
+        streams = [dataset_streams(declared)[stream]] if only else with_downstream(stream, declared)
     names = ", ".join(each.name for each in streams)
     doomed = [lakehouse.checkpoint(each.name) for each in streams]
     rebuilt = [
@@ -219,17 +227,18 @@ def reset_checkpoints(
     try:
         # A layered stream reset in a lakehouse the fused stream carries on would start beside it: refused
         # at once, and checked again holding the fused stream's lease, so that none starts in between.
-        layered = stream in LAYERS
-        if layered:
-            pipeline_streams.check_mode(spark, lakehouse, stream)
+        if declared is not None:
+            pipeline_streams.check_mode(spark, lakehouse, stream, declared)
         # Held for the whole reset: no stream starts halfway through it.
         ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
-        held = [each.name for each in streams] + ([FUSED.name] if layered else [])
+        held = [each.name for each in streams] + ([declared.stream("fused")] if declared is not None else [])
         with holding(spark, lakehouse, held, way_out=way_out, ttl_s=ttl_s):
-            if layered:
-                pipeline_streams.check_mode(spark, lakehouse, stream)
+            if declared is not None:
+                pipeline_streams.check_mode(spark, lakehouse, stream, declared)
             with LiveLine(spark, f"resetting {names}" + (": rebuilding tables" if rebuilt else "")):
-                done = pipeline_streams.reset(spark, lakehouse, streams, config.gold_window, config=config)
+                done = pipeline_streams.reset(
+                    spark, lakehouse, streams, config.gold_window, declared or DATASETS[0], config=config
+                )
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)
         return ExitCode.REFUSED
@@ -319,9 +328,12 @@ def switch_mode(config: Config, to: Mode, yes: bool, make_spark: Callable[[], ob
     return ExitCode.OK
 
 
-def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object]) -> int:
+def accept_loss(
+    config: Config, yes: bool, make_spark: Callable[[Config], object], dataset_name: str | None = None
+) -> int:
     """Accept the records Kafka deleted before bronze read them: record them on bronze as lost (the audit
-    reports them), then start bronze's checkpoint anew after them. Asks on a terminal, needs ``yes`` otherwise.
+    reports them), then start bronze's checkpoint anew after them; for dataset ``dataset_name``, or for each
+    dataset in turn. Asks on a terminal, needs ``yes`` otherwise.
 
     Nothing to accept (Kafka holds every record bronze needs next) changes nothing. Refuses (exit 3) while
     bronze runs, and when another cluster answers or a topic was created again (their own refusal).
@@ -330,39 +342,52 @@ def accept_loss(config: Config, yes: bool, make_spark: Callable[[Config], object
 
         accept_loss(config, yes=True, make_spark=lambda config: spark)  # 0
     """
-    lakehouse = Lakehouse(config.lakehouse_root)
     spark = make_spark(config)
+    for declared in DATASETS if dataset_name is None else (dataset_named(dataset_name),):
+        code = _accept_loss_of(config, yes, spark, declared)
+        if code != ExitCode.OK:
+            return code
+    return ExitCode.OK
+
+
+def _accept_loss_of(config: Config, yes: bool, spark, declared: Dataset) -> int:
+    lakehouse = Lakehouse(config.lakehouse_root)
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
-    way_out = "Then run `checkpoints accept-loss` again."
+    way_out = f"Then run `checkpoints accept-loss --dataset {declared.name}` again."
+    bronze_stream = declared.stream("bronze")
     # The stream that reads Kafka: bronze's, or the fused one where it carries the lakehouse on.
-    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
-    reader = FUSED.name if fused else "bronze"
+    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED, declared))
+    reader = declared.stream("fused") if fused else bronze_stream
+    held = [*declared.streams, reader] if fused else [bronze_stream]
     try:
         # Held throughout: bronze cannot start between finding the gaps and restarting after them.
-        with holding(spark, lakehouse, [*LAYERS, FUSED.name] if fused else ["bronze"], way_out=way_out, ttl_s=ttl_s):
-            gaps = bronze_layer.gaps_at_start(spark, config, lakehouse, reader)
+        with holding(spark, lakehouse, held, way_out=way_out, ttl_s=ttl_s):
+            gaps = bronze_layer.gaps_at_start(spark, config, lakehouse, reader, declared)
             if not gaps:
-                print("nothing to accept: Kafka still holds every record bronze needs next")
+                print(f"{declared.name}: nothing to accept: Kafka still holds every record bronze needs next")
                 return ExitCode.OK
             described = "; ".join(gap.describe() for gap in gaps)
-            what = f"record {described} as lost on bronze and start {reader}'s checkpoint anew after them"
+            what = f"record {described} as lost on {declared.bronze} and start {reader}'s checkpoint anew after them"
             refused = confirmation(
                 yes,
-                lambda: Refusal.LOSS_UNCONFIRMED.message("bronze", what=what),
+                lambda: Refusal.LOSS_UNCONFIRMED.message(
+                    bronze_stream, what=what, again=f"`checkpoints accept-loss --dataset {declared.name} --yes`"
+                ),
                 f"Kafka deleted records bronze never read.\nThis will {what}.\n",
                 "nothing accepted",
             )
             if refused is not None:
                 return refused
-            retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_COMMAND)
+            retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_COMMAND, declared)
             if fused:
-                print(f"accept-loss: {pipeline_streams.restart_fused(spark, config)}")
+                print(f"accept-loss: {pipeline_streams.restart_fused(spark, config, declared)}")
             else:
-                pipeline_streams.reset(spark, lakehouse, [STREAMS["bronze"]], config.gold_window, config=config)
+                bronze = dataset_streams(declared)[bronze_stream]
+                pipeline_streams.reset(spark, lakehouse, [bronze], config.gold_window, declared, config=config)
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to accept lost records: {error}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(f"recorded as lost on bronze: {described}; {reader} resumes after them")
+    print(f"recorded as lost on {declared.bronze}: {described}; {reader} resumes after them")
     return ExitCode.OK
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..pipeline.config import Config, ConfigError
+from ..pipeline.datasets import DATASETS
 from ..pipeline.egress import installed_names
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
@@ -24,6 +25,7 @@ def register(commands) -> None:
         "--layer", choices=["bronze", "silver", "gold", "fused", *installed_names(), "all"], default="all"
     )
     run_parser.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
+    add_dataset_argument(run_parser, "the dataset whose streams run (default: every dataset)")
     run_parser.set_defaults(handler=run)
 
     describe_parser = commands.add_parser("describe", help="streams, tables and checkpoints")
@@ -38,10 +40,44 @@ def register(commands) -> None:
     show_parser.set_defaults(handler=show)
 
 
+def add_dataset_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--dataset NAME``: one of the project's datasets (default None: every one)."""
+    parser.add_argument("--dataset", choices=[each.name for each in DATASETS], help=help_text)
+
+
+def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[str, ...]:
+    """The streams `run --layer LAYER [--dataset NAME]` starts, in the order an availableNow run takes them:
+    that layer's streams of each dataset named (every gold's stream for "gold"), or all their streams for
+    "all", then the egresses, which publish the first dataset's gold; an egress by its name.
+
+    Example::
+
+        selected_streams(config, "gold", None)  # ("gold", "orders_gold_by_shop", "orders_gold_hourly")
+    """
+    from ..pipeline.datasets import dataset as dataset_named
+    from ..pipeline.delta.tables import dataset_streams, fused_stream
+    from ..pipeline.egress import configured
+    from ..pipeline.streams import stream_names
+
+    if layer in installed_names():
+        return (layer,)
+    datasets = DATASETS if dataset is None else (dataset_named(dataset),)
+    egresses = tuple(configured(config)) if layer == "all" and DATASETS[0] in datasets else ()
+    names = []
+    for each in datasets:
+        if layer == "all":
+            names.extend(name for name in stream_names(config, each) if name not in configured(config))
+        elif layer == "fused":
+            names.append(fused_stream(each).name)
+        else:
+            names.extend(name for name, stream in dataset_streams(each).items() if stream.layer == layer)
+    return (*names, *egresses)
+
+
 def run(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.monitoring import ProgressReporter, serve_metrics
     from ..pipeline.recovery.lease import LeaseLost
-    from ..pipeline.streams import run_available_now, stream_names
+    from ..pipeline.streams import run_available_now
 
     config = connect(config, egress=True, asked=args.layer, provision=True)
     if config.metrics_port:
@@ -61,7 +97,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
     spark = spark_session(config, f"pipeline-{args.layer}")
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    layers = stream_names(config) if args.layer == "all" else (args.layer,)
+    layers = selected_streams(config, args.layer, args.dataset)
     if not args.available_now:
         # A continuous run is watched through its log and metrics, not waited for at a terminal.
         with _reporting(spark, ProgressReporter(spark)):

@@ -26,9 +26,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .config import Config
+from .dataset import Dataset
+from .datasets import config_of, topics_key
+from .datasets.events import DATASET as EVENTS_DATASET
 from .delta import files
 from .delta.tables import (
-    BRONZE,
     KAFKA_KEY_COLUMNS,
     Lakehouse,
     latest_snapshot,
@@ -45,7 +47,7 @@ from .recovery import checkpoints
 from .recovery.crash_points import crash_points
 from .recovery.lease import check_held
 from .recovery.sink_progress import read_sink_progress
-from .refusals import Refusal
+from .refusals import Refusal, accept_loss_command
 from .session.codegen import evaluate_for_kafka_batch
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,8 @@ def offsets_spanned(start: str, end: str) -> int | None:
 
 
 class KafkaIngest:
-    """Kafka's records as bronze rows, for the stream that writes bronze: bronze's own, or the fused one.
+    """Kafka's records of ``dataset``'s topics as bronze rows, for the stream that writes its bronze: bronze's
+    own, or the fused one (``stream``, default the dataset's bronze stream).
 
     ``rows`` is the streaming DataFrame; ``identified`` gives a micro-batch of it its topics' ids, checked
     against Kafka before each batch (a topic created again since the start is refused before anything is
@@ -122,12 +125,15 @@ class KafkaIngest:
         config: Config,
         lakehouse: Lakehouse,
         prepared: checkpoints.Prepared,
-        stream: str = "bronze",
+        stream: str | None = None,
+        dataset: Dataset = EVENTS_DATASET,
     ):
+        config = config_of(config, dataset)
+        stream = stream or dataset.stream("bronze")
         options = spark_source_options(config)
         checkpoint = lakehouse.checkpoint(stream)
         resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
-        self._sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream)
+        self._sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream, dataset)
         needed, after_rows = offsets_at_start(
             spark,
             config,
@@ -137,14 +143,15 @@ class KafkaIngest:
             resuming,
             prepared.lost_checkpoint,
             stream,
+            dataset,
         )
         # Until batch 0 commits (its replay included), this is the stream's first checkpoint starting.
         self._first_start = not after_rows and checkpoints.last_committed_batch(spark, checkpoint) is None
         if after_rows:
             options["startingOffsets"] = needed
             log.warning("%s: no offsets in its checkpoint; resuming after the offsets in bronze: %s", stream, needed)
-        check_retained(spark, config, lakehouse, needed, self._sources.recorded_ids)
-        self._lakehouse, self._stream, self._checkpoint = lakehouse, stream, checkpoint
+        check_retained(spark, config, lakehouse, needed, self._sources.recorded_ids, stream, dataset)
+        self._lakehouse, self._stream, self._checkpoint, self._dataset = lakehouse, stream, checkpoint, dataset
         self._last_end: tuple[int, str | None] | None = None  # (batch, its end offsets) read last
         kafka_rows = spark.readStream.format("kafka").options(**options).load()
         # Applied to the stream, not per batch: here current_timestamp() is the batch
@@ -155,7 +162,7 @@ class KafkaIngest:
         """The batch's ``rows`` with their topics' ids, as bronze holds them."""
         topic_ids = self._sources.topic_ids()
         if self._first_start and batch_id == 0:
-            record_first_offsets(rows.sparkSession, self._lakehouse, topic_ids, self._stream)
+            record_first_offsets(rows.sparkSession, self._lakehouse, topic_ids, self._stream, self._dataset)
         return with_topic_ids(rows, topic_ids)
 
     def planned_records(self, spark: SparkSession, batch_id: int) -> int | None:
@@ -177,30 +184,42 @@ class KafkaIngest:
 
 
 def stream_writer(
-    spark: SparkSession, config: Config, lakehouse: Lakehouse, prepared: checkpoints.Prepared
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    prepared: checkpoints.Prepared,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> DataStreamWriter:
-    """Bronze's stream, ready to start: Kafka's records appended to bronze once each.
+    """The bronze stream of ``dataset``, ready to start: its topics' records appended to its bronze once each.
 
     Example::
 
         bronze.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    bronze_path = lakehouse.table(BRONZE)
-    ingest = KafkaIngest(spark, config, lakehouse, prepared)
+    bronze_path = lakehouse.table(dataset.bronze)
+    stream = dataset.stream("bronze")
+    ingest = KafkaIngest(spark, config, lakehouse, prepared, stream, dataset)
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         ingest.evaluate_for_batch(rows, batch_id)
         identified = ingest.identified(rows, batch_id)
-        with crash_points(rows.sparkSession, "bronze", batch_id):
-            check_held(lakehouse, "bronze")
+        with crash_points(rows.sparkSession, stream, batch_id):
+            check_held(lakehouse, stream)
             append_idempotent(identified, bronze_path, prepared.stream_id, batch_id)
-        check_held(lakehouse, "bronze")  # before Spark's commit-log entry
+        check_held(lakehouse, stream)  # before Spark's commit-log entry
 
     return ingest.rows.writeStream.foreachBatch(write_batch)
 
 
-def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream: str = "bronze") -> None:
-    """Refuse bronze when the topics changed in a way Spark's source stops on for good; name the exact way out.
+def check_subscription(
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    stream: str | None = None,
+    dataset: Dataset = EVENTS_DATASET,
+) -> None:
+    """Refuse ``stream`` (the one reading ``dataset``'s topics: its bronze, or its fused stream) when the
+    topics changed in a way Spark's source stops on for good; name the exact way out.
 
     Spark counts a topic dropped from the subscription as lost partitions, and an added one whose
     first offset is above 0 as missed records: with failOnDataLoss, every start fails. An added
@@ -210,6 +229,8 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
 
         check_subscription(spark, config, Lakehouse("/data/lake"))  # or CheckpointError
     """
+    config = config_of(config, dataset)
+    stream = stream or dataset.stream("bronze")
     checkpoint = lakehouse.checkpoint(stream)
     offsets = checkpoints.committed_offsets(spark, checkpoint)
     if offsets is None or not config.kafka.fail_on_data_loss:
@@ -221,21 +242,33 @@ def check_subscription(spark: SparkSession, config: Config, lakehouse: Lakehouse
         return
     found = []
     if removed:
-        found.append(f"removed from kafka.topics: {', '.join(removed)}")
+        found.append(f"removed from {topics_key(dataset)}: {', '.join(removed)}")
     if late:
         found.append("added above offset 0: " + ", ".join(f"{tp} starts at offset {o}" for tp, o in late.items()))
     raise checkpoints.CheckpointError(
         Refusal.SUBSCRIPTION_CHANGED.message(
-            stream, checkpoint=checkpoint, read=sorted(read), wanted=sorted(wanted), changes="; ".join(found)
+            stream,
+            checkpoint=checkpoint,
+            read=sorted(read),
+            topics_key=topics_key(dataset),
+            wanted=sorted(wanted),
+            changes="; ".join(found),
         )
     )
 
 
 def check_retained(
-    spark: SparkSession, config: Config, lakehouse: Lakehouse, needed: str | None, topic_ids: dict[str, str]
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    needed: str | None,
+    topic_ids: dict[str, str],
+    stream: str | None = None,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> None:
-    """Refuse bronze when Kafka deleted records it needs next (``needed``: a startingOffsets JSON), or record
-    them as lost when ``kafka.fail_on_data_loss`` is off; never let them go without a word.
+    """Refuse ``dataset``'s bronze (or ``stream``, its fused stream) when Kafka deleted records it needs next
+    (``needed``: a startingOffsets JSON), or record them as lost when ``kafka.fail_on_data_loss`` is off; never
+    let them go without a word. ``config`` as the dataset reads it (``datasets.config_of``).
 
     Example::
 
@@ -245,14 +278,21 @@ def check_retained(
     if not gaps:
         return
     described = "; ".join(gap.describe() for gap in gaps)
+    subject = stream or dataset.stream("bronze")
     if config.kafka.fail_on_data_loss:
-        raise checkpoints.CheckpointError(Refusal.SOURCE_RECORDS_LOST.message("bronze", gaps=described))
-    retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_SETTING)
-    log.warning("bronze: Kafka deleted records before bronze read them, recorded as lost on bronze: %s", described)
+        raise checkpoints.CheckpointError(
+            Refusal.SOURCE_RECORDS_LOST.message(subject, gaps=described, accept=accept_loss_command(dataset.name))
+        )
+    retention.record(spark, lakehouse, gaps, retention.ACCEPTED_BY_SETTING, dataset)
+    log.warning("%s: Kafka deleted records before it read them, recorded as lost on bronze: %s", subject, described)
 
 
 def record_first_offsets(
-    spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str], stream: str = "bronze"
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    topic_ids: dict[str, str],
+    stream: str = "bronze",
+    dataset: Dataset = EVENTS_DATASET,
 ) -> None:
     """Record on bronze where its first checkpoint began reading each partition (``FIRST_OFFSETS``); a
     partition recorded already keeps its first offset.
@@ -263,7 +303,7 @@ def record_first_offsets(
     started = retention.needed_offsets(initial_offsets(spark, lakehouse.checkpoint(stream)))
     if not started:
         return
-    entries = _first_offset_entries(spark, lakehouse)
+    entries = _first_offset_entries(spark, lakehouse, dataset)
     known = {(entry["topic"], entry["topic_id"], entry["partition"]) for entry in entries}
     new = [
         {"topic": topic, "topic_id": topic_ids.get(topic, ""), "partition": partition, "offset": offset}
@@ -271,7 +311,7 @@ def record_first_offsets(
         if (topic, topic_ids.get(topic, ""), partition) not in known
     ]
     if new:
-        set_properties(spark, lakehouse.table(BRONZE), {FIRST_OFFSETS: json.dumps([*entries, *new])})
+        set_properties(spark, lakehouse.table(dataset.bronze), {FIRST_OFFSETS: json.dumps([*entries, *new])})
 
 
 def offsets_at_start(
@@ -283,6 +323,7 @@ def offsets_at_start(
     resuming: bool,
     lost_checkpoint: bool = False,
     stream: str = "bronze",
+    dataset: Dataset = EVENTS_DATASET,
 ) -> tuple[str | None, bool]:
     """What a start of bronze needs next from Kafka (an offsets JSON; None when it starts at
     ``kafka.starting_offsets``), and whether it starts after the rows bronze holds rather than where
@@ -299,14 +340,18 @@ def offsets_at_start(
         # ('{"events": {"0": 120}}', True)
     """
     if resuming and not lost_checkpoint:
-        return next_offsets(spark, lakehouse, stream_id, stream), False
-    if lost_checkpoint or table_has_rows(spark, lakehouse.table(BRONZE)):
-        return resume_offsets(spark, config, lakehouse, topic_ids), True
+        return next_offsets(spark, lakehouse, stream_id, stream, dataset), False
+    if lost_checkpoint or table_has_rows(spark, lakehouse.table(dataset.bronze)):
+        return resume_offsets(spark, config, lakehouse, topic_ids, dataset), True
     return None, False
 
 
 def next_offsets(
-    spark: SparkSession, lakehouse: Lakehouse, stream_id: str | None, stream: str = "bronze"
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    stream_id: str | None,
+    stream: str = "bronze",
+    dataset: Dataset = EVENTS_DATASET,
 ) -> str | None:
     """The offsets JSON a resuming bronze reads Kafka from next: where the last batch bronze holds ended, or,
     before any, where its checkpoint began.
@@ -316,7 +361,7 @@ def next_offsets(
     log, is replayed without reading Kafka (its append is found done), so its records are not needed again.
     """
     checkpoint = lakehouse.checkpoint(stream)
-    held = read_sink_progress(spark, BRONZE, lakehouse.table(BRONZE), stream, stream_id).txn_batch
+    held = read_sink_progress(spark, dataset.bronze, lakehouse.table(dataset.bronze), stream, stream_id).txn_batch
     batches = [batch for batch in (checkpoints.last_committed_batch(spark, checkpoint), held) if batch is not None]
     if not batches:
         return initial_offsets(spark, checkpoint)
@@ -331,8 +376,11 @@ def initial_offsets(spark: SparkSession, checkpoint: str) -> str | None:
     return text.lstrip("\x00").partition("\n")[2] if text else None
 
 
-def first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> dict[tuple[str, int], int]:
-    """Where bronze's first checkpoint began reading each partition of the topics' incarnations ``topic_ids``.
+def first_offsets(
+    spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str, str], dataset: Dataset = EVENTS_DATASET
+) -> dict[tuple[str, int], int]:
+    """Where the first checkpoint of ``dataset``'s bronze began reading each partition of the topics'
+    incarnations ``topic_ids``.
 
     Example::
 
@@ -340,20 +388,24 @@ def first_offsets(spark: SparkSession, lakehouse: Lakehouse, topic_ids: dict[str
     """
     return {
         (entry["topic"], entry["partition"]): entry["offset"]
-        for entry in _first_offset_entries(spark, lakehouse)
+        for entry in _first_offset_entries(spark, lakehouse, dataset)
         if topic_ids.get(entry["topic"]) == entry["topic_id"]
     }
 
 
-def _first_offset_entries(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
-    return json.loads(read_properties(spark, lakehouse.table(BRONZE)).get(FIRST_OFFSETS) or "[]")
+def _first_offset_entries(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset) -> list[dict]:
+    return json.loads(read_properties(spark, lakehouse.table(dataset.bronze)).get(FIRST_OFFSETS) or "[]")
 
 
 def gaps_at_start(
-    spark: SparkSession, config: Config, lakehouse: Lakehouse, stream: str = "bronze"
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    stream: str | None = None,
+    dataset: Dataset = EVENTS_DATASET,
 ) -> list[retention.Gap]:
-    """What ``check_retained`` would find if ``stream`` (bronze, or the fused stream) started now: the records it
-    needs next that Kafka deleted.
+    """What ``check_retained`` would find if ``stream`` (``dataset``'s bronze, or its fused stream) started
+    now: the records it needs next that Kafka deleted.
 
     Refuses (CheckpointError) as a start does when another cluster answers or a topic was created again:
     offsets of another incarnation say nothing about this one.
@@ -362,17 +414,27 @@ def gaps_at_start(
 
         gaps_at_start(spark, config, Lakehouse("/data/lake"))  # [Gap("events", "Xh1...", 0, 100, 150)]
     """
+    config = config_of(config, dataset)
+    stream = stream or dataset.stream("bronze")
     checkpoint = lakehouse.checkpoint(stream)
     resuming = checkpoints.last_planned_batch(spark, checkpoint) is not None
-    sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream)
+    sources = SourceGuard.at_start(spark, config, lakehouse, resuming, stream, dataset)
     stream_id = checkpoints.read_stream_id(spark, checkpoint, stream) if resuming else None
-    needed, _ = offsets_at_start(spark, config, lakehouse, sources.recorded_ids, stream_id, resuming, stream=stream)
+    needed, _ = offsets_at_start(
+        spark, config, lakehouse, sources.recorded_ids, stream_id, resuming, stream=stream, dataset=dataset
+    )
     if needed is None:
         return []
     return retention.find_gaps(config, retention.needed_offsets(needed, topic_partitions(config)), sources.recorded_ids)
 
 
-def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, topic_ids: dict[str, str]) -> str:
+def resume_offsets(
+    spark: SparkSession,
+    config: Config,
+    lakehouse: Lakehouse,
+    topic_ids: dict[str, str],
+    dataset: Dataset = EVENTS_DATASET,
+) -> str:
     """startingOffsets JSON: the next offset after what bronze holds of each topic's current id; in a partition
     bronze holds nothing of, where its first checkpoint began reading it (``first_offsets``); in a
     partition added to the topic after that, 0, where Spark reads an added partition from; else earliest.
@@ -391,19 +453,19 @@ def resume_offsets(spark: SparkSession, config: Config, lakehouse: Lakehouse, to
         ingested = {
             (row.topic, row.partition): row.next_offset
             for row in spark.read.format("delta")
-            .load(lakehouse.table(BRONZE))
+            .load(lakehouse.table(dataset.bronze))
             .where(current)
             .groupBy("topic", "partition")
             .agg((F.max("offset") + 1).alias("next_offset"))
             .collect()
         }
-    began = first_offsets(spark, lakehouse, topic_ids)
+    began = first_offsets(spark, lakehouse, topic_ids, dataset)
     resume = {**began, **ingested}
     current = topic_partitions(config)
     for topic in {topic for topic, _ in began}:
         for partition in current.get(topic, []):
             resume.setdefault((topic, partition), 0)  # added after bronze began reading the topic
-    for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse).items():
+    for (topic, topic_id, partition), end in retention.accepted_ends(spark, lakehouse, dataset).items():
         if topic_ids.get(topic) == topic_id and (topic, partition) in resume:
             resume[(topic, partition)] = max(resume[(topic, partition)], end)
     offsets = {
@@ -419,7 +481,7 @@ def first_copies(bronze_rows: DataFrame) -> DataFrame:
 
     Example::
 
-        first_copies(spark.read.format("delta").load(lakehouse.table(BRONZE)))
+        first_copies(spark.read.format("delta").load(lakehouse.table("bronze_events")))
     """
     if not isinstance(bronze_rows, DataFrame):
         raise TypeError("bronze_rows must be a DataFrame of bronze's rows")
@@ -440,14 +502,14 @@ class Copies:
         return f"{self.extra_rows} extra rows of {self.records} records at bronze version {self.version}"
 
 
-def find_copies(spark: SparkSession, lakehouse: Lakehouse) -> Copies | None:
-    """The records bronze holds more than once now, or None when it holds each once (one scan of bronze).
+def find_copies(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> Copies | None:
+    """The records ``dataset``'s bronze holds more than once now, or None when it holds each once (one scan).
 
     Example::
 
         find_copies(spark, Lakehouse("/data/lake")).describe()  # "3 extra rows of 3 records at bronze version 7"
     """
-    path = lakehouse.table(BRONZE)
+    path = lakehouse.table(dataset.bronze)
     snapshot = latest_snapshot(spark, path)
     if snapshot.version() < 0:
         return None
@@ -466,7 +528,9 @@ def find_copies(spark: SparkSession, lakehouse: Lakehouse) -> Copies | None:
     return Copies(snapshot.version(), len(repeated), sum(row["count"] - 1 for row in repeated), where)
 
 
-def drop_copies(spark: SparkSession, lakehouse: Lakehouse, copies: Copies | None) -> None:
+def drop_copies(
+    spark: SparkSession, lakehouse: Lakehouse, copies: Copies | None, dataset: Dataset = EVENTS_DATASET
+) -> None:
     """Keep the first copy of each record ``find_copies`` found, in one commit that rewrites only those records.
 
     Bronze is append-only: the property is lifted for that commit and set again after it, also
@@ -479,7 +543,7 @@ def drop_copies(spark: SparkSession, lakehouse: Lakehouse, copies: Copies | None
 
         drop_copies(spark, Lakehouse("/data/lake"), find_copies(spark, Lakehouse("/data/lake")))
     """
-    path = lakehouse.table(BRONZE)
+    path = lakehouse.table(dataset.bronze)
     if latest_snapshot(spark, path).version() < 0:
         return  # no bronze yet: nothing to keep append-only
     if copies is not None:

@@ -75,16 +75,18 @@ def reset_command(stream: str, only: bool = False, command: str | None = None) -
     )
 
 
-def accept_loss_command(command: str | None = None) -> str:
-    """The exact command that accepts the records Kafka deleted before bronze read them (``command``: as above).
+def accept_loss_command(dataset: str | None = None, command: str | None = None) -> str:
+    """The exact command that accepts the records Kafka deleted before the bronze of ``dataset`` (a name)
+    read them (``command``: as above); without ``dataset``, the command as the runbook shows it.
 
     Example::
 
-        accept_loss_command()  # "`<slug> checkpoints accept-loss` (it asks first; add `--yes` ...)"
+        accept_loss_command("events")  # "`<slug> checkpoints accept-loss --dataset events` (it asks first; ...)"
     """
     command = console_command() if command is None else command
     prefix = f"{command} " if command else ""
-    return f"`{prefix}checkpoints accept-loss` (it asks first; add `--yes` when not on a terminal)"
+    named = f" --dataset {dataset}" if dataset else ""
+    return f"`{prefix}checkpoints accept-loss{named}` (it asks first; add `--yes` when not on a terminal)"
 
 
 def rebuilds(stream: str) -> str:
@@ -279,9 +281,9 @@ class Refusal(Enum):
     )
     SUBSCRIPTION_CHANGED = Entry(
         title="The subscription changed",
-        happened="a topic was dropped from `kafka.topics`, or one was added whose first records retention "
-        "already deleted (an added topic that starts at offset 0 is read by Spark itself)",
-        found="checkpoint {checkpoint} reads topics {read}, but kafka.topics is {wanted} ({changes}): Spark "
+        happened="a topic was dropped from `kafka.topics` (or from a dataset's `topics`), or one was added whose "
+        "first records retention already deleted (an added topic that starts at offset 0 is read by Spark itself)",
+        found="checkpoint {checkpoint} reads topics {read}, but {topics_key} is {wanted} ({changes}): Spark "
         "would stop on this as lost data at every start.",
         way_out="{reset_only}: bronze alone starts a new checkpoint that resumes each topic after the offsets "
         "bronze holds and reads an added topic from its first offset; a removed topic's records stay in "
@@ -378,7 +380,7 @@ class Refusal(Enum):
         happened="`checkpoints accept-loss` ran where nothing can ask (not on a terminal) without `--yes`",
         found="refusing to accept lost records without confirmation: this would {what}. Not on a terminal, so "
         "nothing can ask.",
-        way_out="run `checkpoints accept-loss --yes` to do it.",
+        way_out="run {again} to do it.",
         prefixed=False,
     )
     COPIES_UNCONFIRMED = Entry(

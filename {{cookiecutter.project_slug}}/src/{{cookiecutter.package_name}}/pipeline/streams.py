@@ -37,6 +37,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
 from .dataset import Dataset
+from .datasets import DATASETS, owner
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
     BRONZE,
@@ -91,18 +92,21 @@ def start_stream(
     layer: str,
     available_now: bool,
     delivery: Delivery = Delivery.EXACTLY_ONCE,
-    dataset: Dataset = EVENTS_DATASET,
+    dataset: Dataset | None = None,
 ) -> StreamingQuery:
     """Start one stream of ``dataset`` by its name (a layer's, a gold's, the fused one), or an egress.
+    Without ``dataset``, the stream of the project's dataset that declares it (``datasets.owner``).
 
     Example::
 
         start_stream(spark, config, "silver", available_now=True).awaitTermination()
     """
     egresses = configured(config)
+    named = dataset
+    dataset = dataset or owner(layer) or EVENTS_DATASET
     layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
     if layer not in layered and layer != fused_one.name and layer not in egresses:
-        raise ValueError(f"layer must be one of {', '.join(stream_names(config, dataset))}, not {layer!r}")
+        raise ValueError(f"layer must be one of {', '.join(stream_names(config, named))}, not {layer!r}")
     if layer == fused_one.name:
         fused.check_runs(dataset)  # before anything is made or held
     lakehouse = Lakehouse(config.lakehouse_root)
@@ -119,7 +123,7 @@ def start_stream(
             check_mode(spark, lakehouse, layer, dataset)  # again, now that no stream of the other mode can start
             prepared = checkpoints.prepare(spark, lakehouse, stream)
         if stream.layer in (Layer.BRONZE, Layer.FUSED):
-            bronze.check_subscription(spark, config, lakehouse, layer)
+            bronze.check_subscription(spark, config, lakehouse, layer, dataset)
         if stream.layer in (Layer.GOLD, Layer.FUSED):
             for each in [stream.gold] if stream.layer is Layer.GOLD else dataset.golds:
                 window = gold.window_of(each, config.gold_window)
@@ -127,7 +131,7 @@ def start_stream(
         if delivery is Delivery.AT_LEAST_ONCE:
             prepared = dataclasses.replace(prepared, stream_id=None)
         starters: dict[Layer, Callable[[], DataStreamWriter]] = {
-            Layer.BRONZE: lambda: bronze.stream_writer(spark, config, lakehouse, prepared),
+            Layer.BRONZE: lambda: bronze.stream_writer(spark, config, lakehouse, prepared, dataset),
             Layer.SILVER: lambda: silver.stream_writer(spark, lakehouse, prepared, dataset),
             Layer.GOLD: lambda: gold.stream_writer(spark, config, lakehouse, prepared, dataset, stream.gold),
             Layer.FUSED: lambda: fused.stream_writer(spark, config, lakehouse, prepared, dataset),
@@ -150,10 +154,19 @@ def start_stream(
     return query
 
 
-def stream_names(config: Config, dataset: Dataset = EVENTS_DATASET) -> tuple[str, ...]:
-    """Every stream of ``dataset`` the config runs: its layers, one stream per gold (or the fused stream),
-    then each egress it turns on."""
-    layers = (fused_stream(dataset).name,) if config.mode is Mode.FUSED else tuple(dataset_streams(dataset))
+def stream_names(config: Config, dataset: Dataset | None = None) -> tuple[str, ...]:
+    """Every stream of ``dataset`` (default: of each of the project's datasets, in turn) the config runs: its
+    layers, one stream per gold (or the fused stream), then each egress it turns on.
+
+    Example::
+
+        stream_names(config)  # ("bronze", "silver", "gold", "orders_bronze", ..., "kafka_egress")
+    """
+    layers = [
+        name
+        for each in (DATASETS if dataset is None else (dataset,))
+        for name in ((fused_stream(each).name,) if config.mode is Mode.FUSED else tuple(dataset_streams(each)))
+    ]
     return (*layers, *configured(config))
 
 
@@ -269,10 +282,11 @@ def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str, dataset: D
 
 
 def run_available_now(
-    spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, dataset: Dataset = EVENTS_DATASET
+    spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, dataset: Dataset | None = None
 ) -> None:
-    """Process everything of ``dataset`` available, one stream after the other, so each sees what the one
-    before wrote.
+    """Process everything available, one stream after the other, so each sees what the one before wrote:
+    ``layers`` (stream names; default ``stream_names(config, dataset)``), each of ``dataset``, or without one,
+    of the project's dataset that declares it.
 
     Raises LeaseLost, naming the stream and the way out, if one stopped because this process lost its lease.
     """
@@ -330,7 +344,7 @@ def reset(
     ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses), check_existing=False)
     bronze_reset = any(stream.layer is Layer.BRONZE for stream in streams)
     if bronze_reset and table_exists(spark, lakehouse.table(dataset.bronze)):
-        identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
+        identity.forget_cluster(spark, lakehouse, dataset)  # the reset accepts the cluster that answers now
     rebuilt = []
     for stream in rebuild.rebuilt_by_reset(streams):
         if stream.layer is Layer.SILVER:

@@ -27,6 +27,22 @@ def dataset(name: str) -> Dataset:
     raise ValueError(f"dataset must be one of {', '.join(d.name for d in DATASETS)}, not {name!r}")
 
 
+def owner(stream: str, datasets: tuple[Dataset, ...] = DATASETS) -> Dataset | None:
+    """The dataset of ``datasets`` that declares stream ``stream`` (a layer's, a gold's or its fused stream);
+    None for an egress's or an unknown name. Stream names are the project's own: no two datasets share one.
+
+    Example::
+
+        owner("orders_silver").name  # "orders"
+    """
+    if not isinstance(stream, str) or not stream:
+        raise ValueError("stream must be a stream name, e.g. 'silver'")
+    for declared in datasets:
+        if stream in declared.streams or stream == declared.stream("fused"):
+            return declared
+    return None
+
+
 def check_apart(datasets: tuple[Dataset, ...]) -> None:
     """ValueError when two of ``datasets`` share a name, a table or a stream.
 
@@ -47,6 +63,38 @@ def check_apart(datasets: tuple[Dataset, ...]) -> None:
 
 
 check_apart(DATASETS)
+
+
+def topics_key(declared: Dataset) -> str:
+    """The config key that names ``declared``'s topics, as a refusal names it.
+
+    Example::
+
+        topics_key(dataset("orders"))  # "dataset_orders.topics"
+    """
+    if not isinstance(declared, Dataset):
+        raise TypeError(f"declared must be a Dataset, not {type(declared).__name__}")
+    return "kafka.topics" if declared.naming is Naming.SOLE else f"{DATASET_PREFIX}{declared.name}.topics"
+
+
+def config_of(config: Config, declared: Dataset, environ: Mapping[str, str] | None = None) -> Config:
+    """``config`` as the streams of ``declared`` read it: its ``kafka`` the section ``kafka_of`` gives.
+
+    A dataset not among ``DATASETS`` (one a test declares) is checked beside the project's. Resolve a
+    config once: the one returned reads the dataset's topics as ``kafka.topics``.
+
+    Example::
+
+        config_of(config, dataset("orders")).kafka.topics  # ("orders",) from [dataset_orders]
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, not {type(config).__name__}")
+    if not isinstance(declared, Dataset):
+        raise TypeError(f"declared must be a Dataset, not {type(declared).__name__}")
+    if declared.naming is Naming.SOLE:
+        return config
+    datasets = DATASETS if declared in DATASETS else (*DATASETS, declared)
+    return config.model_copy(update={"kafka": kafka_of(config, declared, environ, datasets)})
 
 
 def kafka_of(
@@ -95,9 +143,7 @@ def datasets_kafka(
         kafka = config.kafka if each.naming is Naming.SOLE else dataset_kafka(config, each.name, environ)
         for topic in kafka.topics:
             if readers.setdefault(topic, each.name) != each.name:
-                where = "kafka.topics" if each.naming is Naming.SOLE else f"{DATASET_PREFIX}{each.name}.topics"
-                raise ConfigError(
-                    f"{where}: topic {topic} is dataset {readers[topic]}'s already: a topic feeds one dataset"
-                )
+                shared = f"topic {topic} is dataset {readers[topic]}'s already: a topic feeds one dataset"
+                raise ConfigError(f"{topics_key(each)}: {shared}")
         found[each.name] = kafka
     return found

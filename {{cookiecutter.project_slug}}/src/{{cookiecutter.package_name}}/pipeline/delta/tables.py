@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 )
 
 from ..contract import WINDOW_END, WINDOW_START, Contract
-from ..dataset import Aggregate, AggregateKind, Dataset, Gold
+from ..dataset import Aggregate, AggregateKind, Dataset, Gold, Naming
 from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
 from ..refusals import Refusal
@@ -392,9 +392,13 @@ class Lakehouse:
     def checkpoint(self, stream: str) -> str:
         return f"{self.root}/checkpoints/{stream}"
 
-    def sources(self) -> str:
-        """Where bronze keeps what it found of its Kafka sources that must outlive its table (kafka/identity.py)."""
-        return f"{self.root}/sources"
+    def sources(self, dataset: Dataset = EVENTS_DATASET) -> str:
+        """Where ``dataset``'s bronze keeps what it found of its Kafka sources that must outlive its table
+        (kafka/identity.py, kafka/retention.py): ``sources`` for a dataset of the first names
+        (``Naming.SOLE``), ``datasets/<name>/sources`` for any other."""
+        if dataset.naming is Naming.SOLE:
+            return f"{self.root}/sources"
+        return f"{self.root}/datasets/{dataset.name}/sources"
 
     def aside(self, name: str) -> str:
         """Where a reset builds table ``name`` before it replaces the table (recovery/rebuild.py)."""

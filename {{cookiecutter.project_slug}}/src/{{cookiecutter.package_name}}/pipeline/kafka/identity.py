@@ -40,8 +40,10 @@ import time
 from pyspark.sql import SparkSession
 
 from ..config import Config
+from ..dataset import Dataset
+from ..datasets.events import DATASET as EVENTS_DATASET
 from ..delta.files import create_new, list_names
-from ..delta.tables import BRONZE, Lakehouse, read_properties, set_properties
+from ..delta.tables import Lakehouse, read_properties, set_properties
 from ..recovery import checkpoints
 from ..refusals import Refusal
 from .clients import Sources, bootstrap_servers, compacted_topics, describe_sources
@@ -51,9 +53,9 @@ log = logging.getLogger(__name__)
 PROPERTY = "lakehouse.bronze.sources"
 
 
-def recorded_sources(spark: SparkSession, lakehouse: Lakehouse) -> Sources | None:
-    """The sources recorded on bronze; None before bronze's first start."""
-    text = read_properties(spark, lakehouse.table(BRONZE)).get(PROPERTY)
+def recorded_sources(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> Sources | None:
+    """The sources recorded on ``dataset``'s bronze; None before its first start."""
+    text = read_properties(spark, lakehouse.table(dataset.bronze)).get(PROPERTY)
     return None if text is None else Sources.from_json(text)
 
 
@@ -92,7 +94,7 @@ def refusal(config: Config, lakehouse: Lakehouse, found: list[str], stream: str 
     )
 
 
-def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
+def forget_cluster(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> None:
     """Let bronze's next start record whichever cluster answers: what a reset of bronze accepts.
 
     The topic ids stay: they are what bronze's rows came from, and what it resumes after.
@@ -101,12 +103,12 @@ def forget_cluster(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
         forget_cluster(spark, Lakehouse("/data/lake"))
     """
-    recorded = recorded_sources(spark, lakehouse)
+    recorded = recorded_sources(spark, lakehouse, dataset)
     if recorded is not None and recorded.cluster_id is not None:
-        set_properties(spark, lakehouse.table(BRONZE), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
+        set_properties(spark, lakehouse.table(dataset.bronze), {PROPERTY: Sources(None, recorded.topic_ids).as_json()})
 
 
-def compacted_records(lakehouse: Lakehouse) -> str:
+def compacted_records(lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> str:
     """The directory where bronze records each topic it found compacted, a file named after the topic.
 
     A file per topic, created once and never rewritten: two processes finding the same topic need no
@@ -116,10 +118,10 @@ def compacted_records(lakehouse: Lakehouse) -> str:
 
         compacted_records(Lakehouse("/data/lake"))  # "/data/lake/sources/compacted"
     """
-    return f"{lakehouse.sources()}/compacted"
+    return f"{lakehouse.sources(dataset)}/compacted"
 
 
-def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
+def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> set[str]:
     """The topics bronze has found compacted, at a start or before a batch (``compacted_records``),
     kept after a policy is set back and after bronze's table is put back.
 
@@ -128,7 +130,7 @@ def recorded_compacted(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
         recorded_compacted(spark, Lakehouse("/data/lake"))  # {"customers"}
     """
     # A hidden name is a record another process is creating (delta/files.create_new), not yet one.
-    return {name for name in list_names(spark, compacted_records(lakehouse)) if not name.startswith(".")}
+    return {name for name in list_names(spark, compacted_records(lakehouse, dataset)) if not name.startswith(".")}
 
 
 class SourceGuard:
@@ -141,25 +143,38 @@ class SourceGuard:
     """
 
     def __init__(
-        self, spark: SparkSession, config: Config, lakehouse: Lakehouse, sources: Sources, stream: str = "bronze"
+        self,
+        spark: SparkSession,
+        config: Config,
+        lakehouse: Lakehouse,
+        sources: Sources,
+        stream: str = "bronze",
+        dataset: Dataset = EVENTS_DATASET,
     ):
         self._spark, self._config, self._lakehouse = spark, config, lakehouse
-        self._sources, self._stream = sources, stream
-        self._compacted = recorded_compacted(spark, lakehouse)
+        self._sources, self._stream, self._dataset = sources, stream, dataset
+        self._compacted = recorded_compacted(spark, lakehouse, dataset)
 
     @classmethod
     def at_start(
-        cls, spark: SparkSession, config: Config, lakehouse: Lakehouse, resuming: bool, stream: str = "bronze"
+        cls,
+        spark: SparkSession,
+        config: Config,
+        lakehouse: Lakehouse,
+        resuming: bool,
+        stream: str = "bronze",
+        dataset: Dataset = EVENTS_DATASET,
     ) -> SourceGuard:
-        """Check the cluster against bronze's record and record it, for ``stream`` (the one reading Kafka);
-        ``resuming``: its checkpoint has planned batches."""
+        """Check the cluster against the record on ``dataset``'s bronze and record it, for ``stream`` (the one
+        reading Kafka); ``resuming``: its checkpoint has planned batches. ``config`` as the dataset reads it
+        (``datasets.config_of``)."""
         current = describe_sources(config, list(config.kafka.topics))
-        recorded = recorded_sources(spark, lakehouse)
+        recorded = recorded_sources(spark, lakehouse, dataset)
         if recorded is not None:
             found = changes(recorded, current, topics=resuming)
             if found:
                 raise checkpoints.CheckpointError(refusal(config, lakehouse, found, stream))
-        guard = cls(spark, config, lakehouse, recorded or Sources(None), stream)
+        guard = cls(spark, config, lakehouse, recorded or Sources(None), stream, dataset)
         guard._check_compaction(current.topic_ids)
         guard._record(current)
         return guard
@@ -189,7 +204,7 @@ class SourceGuard:
         compacted = compacted_topics(self._config, list(topic_ids))
         for topic in sorted(compacted - self._compacted):
             found = {"topic_id": topic_ids[topic], "found_ms": int(time.time() * 1000)}
-            create_new(self._spark, f"{compacted_records(self._lakehouse)}/{topic}", json.dumps(found))
+            create_new(self._spark, f"{compacted_records(self._lakehouse, self._dataset)}/{topic}", json.dumps(found))
             self._compacted.add(topic)
         undeclared = sorted(compacted - set(self._config.kafka.compacted_topics))
         if undeclared:
@@ -209,6 +224,6 @@ class SourceGuard:
             current.cluster_id or self._sources.cluster_id, {**self._sources.topic_ids, **current.topic_ids}
         )
         if merged != self._sources:
-            set_properties(self._spark, self._lakehouse.table(BRONZE), {PROPERTY: merged.as_json()})
-            log.info("bronze: reading %s", merged.as_json())
+            set_properties(self._spark, self._lakehouse.table(self._dataset.bronze), {PROPERTY: merged.as_json()})
+            log.info("%s: reading %s", self._stream, merged.as_json())
         self._sources = merged

@@ -41,6 +41,8 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from ..config import Config
+from ..dataset import Dataset
+from ..datasets.events import DATASET as EVENTS_DATASET
 from ..delta.files import create_new, list_names, read_text
 from ..delta.tables import Lakehouse
 from .clients import earliest_offsets
@@ -140,7 +142,7 @@ def find_gaps(config: Config, needed: dict[tuple[str, int], int], topic_ids: dic
     ]
 
 
-def lost_records(lakehouse: Lakehouse) -> str:
+def lost_records(lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> str:
     """The directory where each gap accepted as lost is recorded, a file per gap (``Gap.file_name``).
 
     Example::
@@ -149,10 +151,10 @@ def lost_records(lakehouse: Lakehouse) -> str:
     """
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
-    return f"{lakehouse.sources()}/lost"
+    return f"{lakehouse.sources(dataset)}/lost"
 
 
-def recorded(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
+def recorded(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> list[dict]:
     """Every gap recorded, oldest first: topic, topic_id, partition, start, end, accepted_at, accepted_by.
 
     Example::
@@ -160,7 +162,7 @@ def recorded(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
         recorded(spark, Lakehouse("/data/lake"))
         # [{"topic": "events", "topic_id": "Xh1...", "partition": 0, "start": 100, "end": 150, ...}]
     """
-    directory = lost_records(lakehouse)
+    directory = lost_records(lakehouse, dataset)
     # A hidden name is a record another process is creating (delta/files.create_new), not yet one.
     names = [name for name in list_names(spark, directory) if not name.startswith(".")]
     texts = (read_text(spark, f"{directory}/{name}") for name in names)
@@ -168,16 +170,20 @@ def recorded(spark: SparkSession, lakehouse: Lakehouse) -> list[dict]:
     return sorted(entries, key=lambda gap: (gap["accepted_at"], gap["topic"], gap["partition"], gap["start"]))
 
 
-def accepted_ends(spark: SparkSession, lakehouse: Lakehouse) -> dict[tuple[str, str, int], int]:
+def accepted_ends(
+    spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET
+) -> dict[tuple[str, str, int], int]:
     """Per (topic, topic id, partition): the end of the last gap recorded, where bronze resumes at the earliest."""
     ends: dict[tuple[str, str, int], int] = {}
-    for gap in recorded(spark, lakehouse):
+    for gap in recorded(spark, lakehouse, dataset):
         key = (gap["topic"], gap["topic_id"], gap["partition"])
         ends[key] = max(ends.get(key, 0), gap["end"])
     return ends
 
 
-def record(spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_by: str) -> list[Gap]:
+def record(
+    spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_by: str, dataset: Dataset = EVENTS_DATASET
+) -> list[Gap]:
     """Record ``gaps``, a file each, leaving out the offsets recorded already; returns what was new.
 
     Example::
@@ -188,25 +194,25 @@ def record(spark: SparkSession, lakehouse: Lakehouse, gaps: list[Gap], accepted_
         raise ValueError(f"accepted_by must be {ACCEPTED_BY_COMMAND!r} or {ACCEPTED_BY_SETTING!r}")
     if any(not isinstance(gap, Gap) for gap in gaps):
         raise TypeError("gaps must be retention.Gap values")
-    ends = accepted_ends(spark, lakehouse)
+    ends = accepted_ends(spark, lakehouse, dataset)
     new = []
     for gap in gaps:
         start = max(gap.start, ends.get((gap.topic, gap.topic_id, gap.partition), 0))
         if start < gap.end:
             new.append(Gap(gap.topic, gap.topic_id, gap.partition, start, gap.end))
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    directory = lost_records(lakehouse)
+    directory = lost_records(lakehouse, dataset)
     for gap in new:
         entry = {**asdict(gap), "accepted_at": at, "accepted_by": accepted_by}
         create_new(spark, f"{directory}/{gap.file_name()}", json.dumps(entry, separators=(",", ":")))
     return new
 
 
-def lost_offsets(spark: SparkSession, lakehouse: Lakehouse) -> int:
+def lost_offsets(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset = EVENTS_DATASET) -> int:
     """How many offsets the recorded gaps span (what the audit reports as lost), each offset once: two
     processes that found a partition's gap at different moments record overlapping ones."""
     spans: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
-    for gap in recorded(spark, lakehouse):
+    for gap in recorded(spark, lakehouse, dataset):
         spans.setdefault((gap["topic"], gap["topic_id"], gap["partition"]), []).append((gap["start"], gap["end"]))
     lost = 0
     for intervals in spans.values():
