@@ -28,6 +28,8 @@ PARTS = {
     # Shared by both egress streams, so it goes only when neither is chosen; the package's
     # __init__ stays: it finds the egresses a bake kept, none here.
     "egress": ("src/{package}/pipeline/egress/changes.py",),
+    # datasets/__init__.py lists it, and conf/*.toml names its topics, only when it is chosen.
+    "example_dataset": ("src/{package}/pipeline/datasets/orders.py",),
 }
 KAFKA_EGRESS_ANSWERS = {"both", "kafka"}
 POSTGRES_EGRESS_ANSWERS = {"both", "postgres"}
@@ -69,6 +71,10 @@ def remove_egress(project: Path, package: str) -> None:
     remove(project, PARTS["egress"], package)
 
 
+def remove_example_dataset(project: Path, package: str) -> None:
+    remove(project, PARTS["example_dataset"], package)
+
+
 def main(answers_json: str, project: Path) -> int:
     answers = json.loads(answers_json)
     package = answers["package_name"]
@@ -83,6 +89,8 @@ def main(answers_json: str, project: Path) -> int:
         remove_postgres_egress(project, package)
     if answers["egress"] == "none":
         remove_egress(project, package)
+    if answers["example_dataset"] != "orders":
+        remove_example_dataset(project, package)
     return 0
 
 

@@ -50,6 +50,9 @@ SASL_PROTOCOLS = {"SASL_SSL"}
 # A tuple, not a set: the error message lists the options in the order the prompt offers them.
 EGRESS_CHOICES = ("both", "kafka", "postgres", "none")
 STORAGE_CHOICES = ("local", "s3")
+EXAMPLE_DATASET_CHOICES = ("orders", "none")
+# The topics the example dataset reads (conf/*.toml, [dataset_orders]): a topic feeds one dataset.
+EXAMPLE_DATASET_TOPICS = {"orders": ("orders",), "none": ()}
 
 
 def check_project_name(name: str) -> list[str]:
@@ -176,6 +179,19 @@ def check_storage(storage: str) -> list[str]:
     return []
 
 
+def check_example_dataset(example: str, raw_topics: str = "") -> list[str]:
+    # --no-input and extra_context bypass the choice list; post_gen_project.py prunes by this value.
+    if example not in EXAMPLE_DATASET_CHOICES:
+        return [f"example_dataset: {example!r} is not one of {', '.join(EXAMPLE_DATASET_CHOICES)}"]
+    shared = sorted(set(parse_topics(raw_topics)) & set(EXAMPLE_DATASET_TOPICS[example]))
+    if shared:
+        return [
+            f"kafka_topics: {', '.join(shared)} is the example dataset {example}'s topic: a topic feeds one "
+            f"dataset; name the events' topics otherwise, or answer example_dataset none"
+        ]
+    return []
+
+
 def validate(answers: dict) -> list[str]:
     return [
         *check_project_name(answers["project_name"]),
@@ -186,6 +202,7 @@ def validate(answers: dict) -> list[str]:
         *check_security(answers["kafka_security_protocol"], answers["kafka_sasl_mechanism"]),
         *check_egress(answers["egress"]),
         *check_storage(answers["storage"]),
+        *check_example_dataset(answers["example_dataset"], answers["kafka_topics"]),
     ]
 
 

@@ -39,6 +39,7 @@ PRUNED = {
     ("egress", "kafka"): POSTGRES_EGRESS,
     ("egress", "postgres"): KAFKA_EGRESS,
     ("egress", "none"): (*KAFKA_EGRESS, *POSTGRES_EGRESS, f"{PACKAGE_DIR}/pipeline/egress/changes.py"),
+    ("example_dataset", "none"): (f"{PACKAGE_DIR}/pipeline/datasets/orders.py",),
 }
 # A leftover of ours, not GitHub Actions' own ${{ ... }} expressions.
 LEFTOVER = re.compile(r"\{\{\s*cookiecutter|\{%|%\}|\{#")
@@ -379,7 +380,9 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen
     scrapes = Scrapes("http://127.0.0.1:9108/metrics")
     code, demo = run_logged(["make", "demo"], project, env, tmp_path / "demo.log", timeout_s=900, while_running=scrapes)
     assert code == 0, f"make demo {'timed out' if code is None else f'exited {code}'}:\n{demo[-20000:]}"
-    for stream in ("bronze", "silver", "gold", "kafka_egress", "postgres_egress"):
+    # The default bake's two datasets: the events, and the example orders with its two golds.
+    orders = ("orders_bronze", "orders_silver", "orders_gold_by_shop", "orders_gold_hourly")
+    for stream in ("bronze", "silver", "gold", *orders, "kafka_egress", "postgres_egress"):
         batches = scrapes.value("lakehouse_batch_duration_seconds_count", stream=stream) or 0
         assert batches >= 1, (stream, scrapes.last[-5000:])
     assert scrapes.value("lakehouse_kafka_lag_records", partition="0") == 0, scrapes.last  # bronze read all
@@ -390,7 +393,13 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen
     gold_rows = int(re.search(r"^gold_event_windows: (\d+) rows", demo, re.MULTILINE).group(1))
     for stream in ("kafka_egress", "postgres_egress"):
         assert re.search(rf"^{stream} \(.*\): {gold_rows} rows", demo, re.MULTILINE), stream
-        assert re.search(rf"^  {stream}_rows_not_matching_gold +0$", demo, re.MULTILINE), stream
+        assert re.search(rf"^    {stream}_rows_not_matching_gold +0$", demo, re.MULTILINE), stream
+    for table in ("gold_orders_by_shop", "gold_orders_hourly"):
+        assert re.search(rf"^{table}: [1-9]\d* rows", demo, re.MULTILINE), table
+    # The orders the sample sent again, and the malformed ones, went to quarantine; the audit judged them again.
+    orders_report = demo[demo.index("\ndataset orders\n") :]
+    assert int(re.search(r"^    quarantine_rows +(\d+)$", orders_report, re.MULTILINE).group(1)) > 0
+    assert re.search(r"^  events: clean$", demo, re.MULTILINE) and re.search(r"^  orders: clean$", demo, re.MULTILINE)
     assert "audit verdict: clean" in demo
     assert "metrics: http://127.0.0.1:9108/metrics" in demo
     # On the S3 server the demo started (`s3-local start` prints where its credentials are).

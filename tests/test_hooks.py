@@ -15,11 +15,13 @@ VALID = {
     "kafka_sasl_mechanism": "none",
     "egress": "both",
     "storage": "local",
+    "example_dataset": "orders",
     "include_docker_compose": "yes",
     "include_github_actions": "yes",
 }
 EGRESS_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["egress"]
 STORAGE_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["storage"]
+EXAMPLE_DATASET_CHOICES = json.loads((TEMPLATE / "cookiecutter.json").read_text())["example_dataset"]
 
 
 def test_default_answers_are_valid(pre_gen):
@@ -55,6 +57,7 @@ def test_default_answers_are_valid(pre_gen):
         ({"kafka_sasl_mechanism": "PLAIN"}, "only applies to SASL_SSL"),
         ({"kafka_security_protocol": "SSL", "kafka_sasl_mechanism": "SCRAM-SHA-256"}, "only applies to SASL_SSL"),
         ({"egress": "s3"}, "egress: 's3' is not one of both, kafka, postgres, none"),
+        ({"kafka_topics": "events, orders"}, "kafka_topics: orders is the example dataset orders's topic"),
     ],
 )
 def test_bad_answer_is_rejected_with_a_message_naming_it(pre_gen, answers, named):
@@ -112,7 +115,7 @@ def test_post_gen_keeps_optional_files_when_asked(post_gen, tmp_path):
 
 # The choice answers the hook re-checks (post_gen_project.py and the Makefile branch on them):
 # answer name -> its options in cookiecutter.json, in the order the prompt offers them.
-CHECKED_CHOICES = {"egress": EGRESS_CHOICES, "storage": STORAGE_CHOICES}
+CHECKED_CHOICES = {"egress": EGRESS_CHOICES, "storage": STORAGE_CHOICES, "example_dataset": EXAMPLE_DATASET_CHOICES}
 
 
 @pytest.mark.parametrize(("answer", "value"), [(a, v) for a, options in CHECKED_CHOICES.items() for v in options])
@@ -125,7 +128,8 @@ def test_every_option_of_a_checked_choice_is_accepted(pre_gen, answer, value):
 @pytest.mark.parametrize(
     ("answer", "value"),
     [("egress", value) for value in ("", "Kafka", "kafka,postgres", "both ", "postgresql")]
-    + [("storage", value) for value in ("", "S3", "s3a", "local ", "minio")],
+    + [("storage", value) for value in ("", "S3", "s3a", "local ", "minio")]
+    + [("example_dataset", value) for value in ("", "Orders", "yes")],
 )
 def test_a_checked_choice_outside_its_options_is_refused_listing_them(pre_gen, answer, value):
     listed = ", ".join(CHECKED_CHOICES[answer])

@@ -28,6 +28,8 @@ def pytest_configure(config):
     # The egresses run only in the tests that turn them on (PIPELINE_EGRESS names their sections):
     # the other tests, and the pipeline processes they start, run the three layers.
     os.environ.setdefault("PIPELINE_EGRESS", "none")
+    # So do a second dataset's streams (PIPELINE_DATASETS names them): the other tests run the first's.
+    os.environ.setdefault("PIPELINE_DATASETS", "none")
     # The JVMs the suite starts (the pipeline processes tests start, the brokers) are short-lived
     # and work on a few hundred records: the C2 compiler would spend more CPU than it ever saves,
     # and the suite runs two workers on two cores. C1 alone takes about a third less CPU. Each

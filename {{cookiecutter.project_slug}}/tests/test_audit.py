@@ -389,7 +389,7 @@ def test_a_bounded_audit_reads_only_its_range_and_finds_a_loss_there_but_not_out
     def audit(*flags: str) -> tuple[int, dict]:
         capsys.readouterr()
         code = main(["audit", "--json", *flags])
-        return code, json.loads(capsys.readouterr().out)
+        return code, json.loads(capsys.readouterr().out)["datasets"]["events"]
 
     code, whole = audit()
     assert code == 0 and whole["counts"]["kafka_committed_records"] == 140
@@ -438,7 +438,7 @@ def test_an_audit_checks_from_where_bronze_began_and_fails_when_it_cannot_check_
     # The 30 records before the start were never bronze's to read: not missing, not audited.
     capsys.readouterr()
     assert main(["audit", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["datasets"]["events"]
     assert report["counts"]["kafka_committed_records"] == 20, report
 
     # Gold's last batch as Delta logs one that ended inside a silver version (a version split over
@@ -451,7 +451,8 @@ def test_an_audit_checks_from_where_bronze_began_and_fails_when_it_cannot_check_
     (offsets / f".{last.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the file as Spark wrote it
 
     assert main(["audit", "--json"]) == 1
-    report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "FAILED"
+    printed = json.loads(capsys.readouterr().out)
+    report = printed["datasets"]["events"]
+    assert printed["verdict"] == report["verdict"] == "FAILED"
     found = {name: count for name, count in report["errors"].items() if count}
     assert found == {"gold_not_audited_its_last_batch_ended_inside_a_silver_version": 1}

@@ -986,7 +986,7 @@ def test_in_the_fused_mode_a_changed_subscription_and_lost_records_each_name_a_w
     lost = sum(deleted[p] - before.get(p, 0) for p in deleted)
     capsys.readouterr()
     assert main(["audit", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["datasets"]["events"]
     assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
 
 
@@ -1110,7 +1110,7 @@ def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepte
     lost = sum(end - start for start, end in gaps.values())
     capsys.readouterr()
     assert main(["audit", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["datasets"]["events"]
     assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
     assert main(["checkpoints", "accept-loss", "--yes"]) == 0
     assert "nothing to accept" in capsys.readouterr().out
@@ -1130,7 +1130,7 @@ def test_records_kafka_deleted_before_bronze_read_them_are_refused_until_accepte
     lost += sum(end[p] - start[p] for p in end)
     capsys.readouterr()
     assert main(["audit", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["datasets"]["events"]
     assert report["warnings"]["kafka_offsets_deleted_before_bronze_read_them_accepted_as_lost"] == lost
 
 
@@ -1148,7 +1148,7 @@ def test_copies_appended_to_bronze_fail_the_audit_until_dropped_and_silver_reset
     copies.write.format("delta").mode("append").save(bronze_path)
     capsys.readouterr()
     assert main(["audit", "--json"]) == 1
-    errors = json.loads(capsys.readouterr().out)["errors"]
+    errors = json.loads(capsys.readouterr().out)["datasets"]["events"]["errors"]
     assert errors["bronze_duplicates"] == 3
     assert errors["silver_duplicates"] == 0, "silver keeps each record once"
 
@@ -1169,7 +1169,7 @@ def test_copies_appended_to_bronze_fail_the_audit_until_dropped_and_silver_reset
     assert properties["delta.appendOnly"] == "true"
     capsys.readouterr()
     assert main(["audit", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["errors"]["bronze_duplicates"] == 0
+    assert json.loads(capsys.readouterr().out)["datasets"]["events"]["errors"]["bronze_duplicates"] == 0
     assert main(["checkpoints", "drop-bronze-copies", "--yes"]) == 0
     assert "nothing to drop" in capsys.readouterr().out
 

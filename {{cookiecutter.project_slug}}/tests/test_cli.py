@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.cli import dev, main
 from {{ cookiecutter.package_name }}.cli.dev import chaos_lakehouse, download_with_retries
 from {{ cookiecutter.package_name }}.cli.live import LiveLine
 from {{ cookiecutter.package_name }}.devtools.sample import MALFORMED_VALUES
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse
 
 
@@ -37,12 +38,20 @@ def test_describe_lists_each_stream_with_its_own_checkpoint(tmp_path):
     )
     described = json.loads(result.stdout)
 
-    assert set(described["streams"]) == {"bronze", "silver", "gold"}
+    # Every dataset of the packaged config: the events, and any the bake declares beside them.
+    assert list(described["datasets"]) == [each.name for each in DATASETS]
+    streams = {name: each.name for each in DATASETS for name in each.streams}
+    assert {name: stream["dataset"] for name, stream in described["streams"].items()} == streams
+    assert {"bronze", "silver", "gold"} <= set(streams)
     checkpoint_dirs = [stream["checkpoint"] for stream in described["streams"].values()]
-    assert len(set(checkpoint_dirs)) == 3
+    assert len(set(checkpoint_dirs)) == len(streams)
     assert all(path.startswith(str(tmp_path / "lake" / "checkpoints")) for path in checkpoint_dirs)
-    assert set(described["tables"]) == {"bronze_events", "silver_events", "quarantine_events", "gold_event_windows"}
+    assert set(described["tables"]) == {table for each in DATASETS for table in each.tables}
+    assert {"bronze_events", "silver_events", "quarantine_events", "gold_event_windows"} <= set(described["tables"])
     assert described["streams"]["silver"]["source"] == described["tables"]["bronze_events"]
+    for each in DATASETS:
+        assert described["datasets"][each.name]["golds"] == [gold.name for gold in each.golds]
+        assert described["streams"][each.stream("bronze")]["source"].startswith("kafka:")
 
 
 def test_describe_in_the_fused_mode_lists_one_stream_writing_the_four_tables(tmp_path, monkeypatch, capsys):
@@ -186,8 +195,9 @@ def test_produce_run_show_audit_and_checkpoints_from_the_command_line(
     assert f"{QUARANTINE}: {len(coordinates(QUARANTINE))} rows" in shown
 
     assert main(["audit", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "clean"
+    printed = json.loads(capsys.readouterr().out)
+    report = printed["datasets"]["events"]
+    assert printed["verdict"] == report["verdict"] == "clean"
     assert report["counts"]["silver_rows"] + report["counts"]["quarantine_rows"] == 80
 
     assert main(["checkpoints", "list"]) == 0

@@ -12,7 +12,7 @@ from {{ cookiecutter.package_name }}.devtools.kafka_secure import SecureFiles, c
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
-from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, kafka_of
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, datasets_kafka, kafka_of
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, spark_source_options
 
@@ -48,39 +48,58 @@ def test_the_local_config_turns_on_every_egress_of_the_project_and_pipeline_egre
         configure(config, environ={"PIPELINE_EGRESS": "egress_nowhere"})
 
 
-ORDERS = Dataset(
-    "orders",
-    Contract(fields=(Field("order_id", Kind.STRING), Field("ordered_at", Kind.TIMESTAMP)), event_time="ordered_at"),
+# A dataset of this test's own, beside the project's: its name is none a bake ships.
+RETURNS = Dataset(
+    "returns",
+    Contract(fields=(Field("return_id", Kind.STRING), Field("returned_at", Kind.TIMESTAMP)), event_time="returned_at"),
     (Gold("by_minute", (Aggregate(AggregateKind.COUNT),)),),
 )
 
 
 def test_a_second_dataset_reads_the_topics_of_its_own_table_and_a_topic_feeds_one_dataset(tmp_path):
-    both = (*DATASETS, ORDERS)
-    orders_table = '\n[dataset_orders]\ntopics = ["orders", "refunds"]\ncompacted_topics = ["refunds"]\n'
-    config = load_config(config_file=config_file(tmp_path, PACKAGED_LOCAL + orders_table), environ={})
+    both = (*DATASETS, RETURNS)
+    returns_table = '\n[dataset_returns]\ntopics = ["returns", "recalls"]\ncompacted_topics = ["recalls"]\n'
+    config = load_config(config_file=config_file(tmp_path, PACKAGED_LOCAL + returns_table), environ={})
 
     first = kafka_of(config, DATASETS[0], {}, both)
-    orders = kafka_of(config, ORDERS, {}, both)
+    returns = kafka_of(config, RETURNS, {}, both)
     assert first == config.kafka
-    assert (orders.topics, orders.compacted_topics) == (("orders", "refunds"), ("refunds",))
-    assert orders.bootstrap_servers == config.kafka.bootstrap_servers
+    assert (returns.topics, returns.compacted_topics) == (("returns", "recalls"), ("recalls",))
+    assert returns.bootstrap_servers == config.kafka.bootstrap_servers
     # Overridden per environment by DATASET_<NAME>_<KEY>.
-    overridden = kafka_of(config, ORDERS, {"DATASET_ORDERS_TOPICS": "orders-v2, refunds"}, both)
-    assert (overridden.topics, overridden.compacted_topics) == (("orders-v2", "refunds"), ("refunds",))
+    overridden = kafka_of(config, RETURNS, {"DATASET_RETURNS_TOPICS": "returns-v2, recalls"}, both)
+    assert (overridden.topics, overridden.compacted_topics) == (("returns-v2", "recalls"), ("recalls",))
 
-    with pytest.raises(ConfigError, match="dataset_orders: missing: dataset orders reads the topics"):
-        kafka_of(load_config(environ={}), ORDERS, {}, both)
-    with pytest.raises(ConfigError, match="dataset_orders: unknown section: no dataset of this project"):
+    with pytest.raises(ConfigError, match="dataset_returns: unknown section: no dataset of this project"):
         kafka_of(config, DATASETS[0], {}, DATASETS)
     taken = config.kafka.topics[0]
-    shared = config_file(tmp_path, PACKAGED_LOCAL + f'\n[dataset_orders]\ntopics = ["{taken}"]\n')
-    with pytest.raises(ConfigError, match=f"dataset_orders.topics: topic {taken} is dataset events's already"):
-        kafka_of(load_config(config_file=shared, environ={}), ORDERS, {}, both)
-    unread_table = '\n[dataset_orders]\ntopics = ["orders"]\ncompacted_topics = ["x"]\n'
+    shared = config_file(tmp_path, PACKAGED_LOCAL + f'\n[dataset_returns]\ntopics = ["{taken}"]\n')
+    with pytest.raises(ConfigError, match=f"dataset_returns.topics: topic {taken} is dataset events's already"):
+        kafka_of(load_config(config_file=shared, environ={}), RETURNS, {}, both)
+    unread_table = '\n[dataset_returns]\ntopics = ["returns"]\ncompacted_topics = ["x"]\n'
     unread = config_file(tmp_path, PACKAGED_LOCAL + unread_table)
-    with pytest.raises(ConfigError, match=r"dataset_orders.compacted_topics: \['x'\] not among its topics"):
-        kafka_of(load_config(config_file=unread, environ={}), ORDERS, {}, both)
+    with pytest.raises(ConfigError, match=r"dataset_returns.compacted_topics: \['x'\] not among its topics"):
+        kafka_of(load_config(config_file=unread, environ={}), RETURNS, {}, both)
+
+
+def test_a_dataset_runs_where_the_config_names_its_topics_and_pipeline_datasets_narrows_them(tmp_path):
+    both = (*DATASETS, RETURNS)
+    with_table = config_file(tmp_path, PACKAGED_LOCAL + '\n[dataset_returns]\ntopics = ["returns"]\n')
+    config = load_config(config_file=with_table, environ={})
+    # The packaged config's own second datasets, if any, run too: only this test's is counted here.
+    assert "returns" in datasets_kafka(config, {}, both)
+    assert "returns" not in datasets_kafka(load_config(environ={}), {}, both), "no table: off here"
+    with pytest.raises(ConfigError, match="dataset_returns: missing: dataset returns runs where this table"):
+        kafka_of(load_config(environ={}), RETURNS, {}, both)
+
+    assert set(datasets_kafka(config, {"PIPELINE_DATASETS": "none"}, both)) == {DATASETS[0].name}
+    assert set(datasets_kafka(config, {"PIPELINE_DATASETS": "returns"}, both)) == {DATASETS[0].name, "returns"}
+    with pytest.raises(ConfigError, match="PIPELINE_DATASETS: leaves dataset returns out"):
+        kafka_of(config, RETURNS, {"PIPELINE_DATASETS": "none"}, both)
+    with pytest.raises(ConfigError, match="PIPELINE_DATASETS: nowhere: no such dataset"):
+        datasets_kafka(config, {"PIPELINE_DATASETS": "nowhere"}, both)
+    with pytest.raises(ConfigError, match="dataset_returns: missing: PIPELINE_DATASETS names dataset returns"):
+        datasets_kafka(load_config(environ={}), {"PIPELINE_DATASETS": "returns"}, both)
 
 
 def test_an_egress_table_of_an_egress_the_project_lacks_is_refused_naming_it(tmp_path):

@@ -21,7 +21,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import committed_records
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
+from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound
+from {{ cookiecutter.package_name }}.pipeline.audit.findings import Finding
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse, with_downstream
@@ -29,7 +34,7 @@ from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
 
-ORDERS_CONTRACT = Contract(
+PURCHASES_CONTRACT = Contract(
     fields=(
         Field("order_id", Kind.STRING),
         Field("ordered_at", Kind.TIMESTAMP),
@@ -54,7 +59,8 @@ BY_SHOP = Gold(
 )
 HOURLY = Gold("hourly", (Aggregate(AggregateKind.APPROX_DISTINCT, "customer"),), window="1 hour")
 HORIZON = timedelta(days=1)
-ORDERS = Dataset("orders", ORDERS_CONTRACT, (BY_SHOP, HOURLY), dedup_key=("order_id",), dedup_horizon="1 day")
+# Named apart from any dataset a bake ships.
+PURCHASES = Dataset("purchases", PURCHASES_CONTRACT, (BY_SHOP, HOURLY), dedup_key=("order_id",), dedup_horizon="1 day")
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -141,10 +147,10 @@ def found(spark, lakehouse: Lakehouse) -> tuple[set, set, dict, dict]:
     def read(table):
         return spark.read.format("delta").load(lakehouse.table(table)).collect()
 
-    silver = {(row.partition, row.offset) for row in read(ORDERS.silver)}
+    silver = {(row.partition, row.offset) for row in read(PURCHASES.silver)}
     quarantine = {
         (row.partition, row.offset, "not json" if "not valid JSON" in row.reason else row.reason)
-        for row in read(ORDERS.quarantine)
+        for row in read(PURCHASES.quarantine)
     }
     by_shop = {
         (row.window_start.astimezone(UTC), row.shop): (
@@ -153,9 +159,11 @@ def found(spark, lakehouse: Lakehouse) -> tuple[set, set, dict, dict]:
             row.total_max,
             row.customer_distinct,
         )
-        for row in read(ORDERS.gold_table(BY_SHOP))
+        for row in read(PURCHASES.gold_table(BY_SHOP))
     }
-    hourly = {row.window_start.astimezone(UTC): row.customer_approx_distinct for row in read(ORDERS.gold_table(HOURLY))}
+    hourly = {
+        row.window_start.astimezone(UTC): row.customer_approx_distinct for row in read(PURCHASES.gold_table(HOURLY))
+    }
     return silver, quarantine, by_shop, hourly
 
 
@@ -168,23 +176,24 @@ def orders_topic(kafka_bootstrap) -> str:
 
 
 @pytest.fixture
-def orders_config(config, orders_topic):
-    """The test's config (its broker, its events topic, its lakehouse) with ``[dataset_orders]`` reading the
-    orders topic."""
-    return config.model_copy(update={"dataset_sections": {"dataset_orders": {"topics": [orders_topic]}}})
+def orders_config(config, orders_topic, monkeypatch):
+    """The test's config (its broker, its events topic, its lakehouse) with ``[dataset_purchases]`` reading
+    the orders topic; the packaged config's own second datasets left out."""
+    monkeypatch.setenv("PIPELINE_DATASETS", PURCHASES.name)
+    return config.model_copy(update={"dataset_sections": {"dataset_purchases": {"topics": [orders_topic]}}})
 
 
-# Silver's stream of ORDERS in a process of its own, which a crash point may kill (silver never reads Kafka).
+# Silver's stream of PURCHASES in a process of its own, which a crash point may kill (silver never reads Kafka).
 SILVER_ALONE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from test_dataset_streams import ORDERS
+from test_dataset_streams import PURCHASES
 from {{ cookiecutter.package_name }}.cli.connect import spark_session
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.egress import configure
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 config = configure(load_config("local"))
-run_available_now(spark_session(config, "orders-silver"), config, ("orders_silver",), ORDERS)
+run_available_now(spark_session(config, "orders-silver"), config, ("purchases_silver",), PURCHASES)
 """
 
 
@@ -193,16 +202,21 @@ def test_a_second_datasets_streams_are_exact_from_its_topic_through_a_crash_and_
     spark, orders_config, orders_topic
 ):
     config, lakehouse = orders_config, Lakehouse(orders_config.lakehouse_root)
-    assert ORDERS.streams == ("orders_bronze", "orders_silver", "orders_gold_by_shop", "orders_gold_hourly")
-    assert ORDERS.values_table(BY_SHOP, BY_SHOP.aggregates[3]) in ORDERS.tables
+    assert PURCHASES.streams == (
+        "purchases_bronze",
+        "purchases_silver",
+        "purchases_gold_by_shop",
+        "purchases_gold_hourly",
+    )
+    assert PURCHASES.values_table(BY_SHOP, BY_SHOP.aggregates[3]) in PURCHASES.tables
     ledger = Ledger(config, orders_topic)
 
     produce(config, orders_topic, FIRST)
     ledger.look()
-    run_available_now(spark, config, ORDERS.streams, ORDERS)
+    run_available_now(spark, config, PURCHASES.streams, PURCHASES)
     assert found(spark, lakehouse) == ledger.expected()
     # Its bronze holds its topic's records, and the first dataset's tables were never made.
-    bronze = spark.read.format("delta").load(lakehouse.table(ORDERS.bronze))
+    bronze = spark.read.format("delta").load(lakehouse.table(PURCHASES.bronze))
     assert {row.topic for row in bronze.select("topic").distinct().collect()} == {orders_topic}
     assert not (Path(config.lakehouse_root) / "tables" / "bronze_events").exists()
 
@@ -211,8 +225,8 @@ def test_a_second_datasets_streams_are_exact_from_its_topic_through_a_crash_and_
     # them may count as a copy of itself, and each duplicate still names the order kept before it.
     produce(config, orders_topic, SECOND)
     ledger.look()
-    run_available_now(spark, config, ("orders_bronze",), ORDERS)
-    crash = f"orders_silver:{BETWEEN_SINK_COMMITS}:1"
+    run_available_now(spark, config, ("purchases_bronze",), PURCHASES)
+    crash = f"purchases_silver:{BETWEEN_SINK_COMMITS}:1"
     environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers, "LAKEHOUSE_ROOT": config.lakehouse_root}
     killed = subprocess.run(
         [sys.executable, "-c", SILVER_ALONE, str(Path(__file__).parent)],
@@ -223,7 +237,7 @@ def test_a_second_datasets_streams_are_exact_from_its_topic_through_a_crash_and_
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert f"crash point {crash}: killing the driver" in killed.stderr
-    run_available_now(spark, config, ORDERS.streams, ORDERS)
+    run_available_now(spark, config, PURCHASES.streams, PURCHASES)
     both = ledger.expected()
     assert found(spark, lakehouse) == both
     silver, quarantine, by_shop, hourly = both
@@ -235,14 +249,36 @@ def test_a_second_datasets_streams_are_exact_from_its_topic_through_a_crash_and_
     }
     assert by_shop[(T0, "north")] == (2, Decimal("35.50"), Decimal("25.50"), 2)
     assert hourly == {T0: 3, T0 + timedelta(hours=1): 1, T0 + timedelta(days=2): 1}
+    # The audit agrees, whole and over the last batch alone, whose retry of o2 names a record outside it.
+    assert audit_errors(spark, config) == {}
+    assert audit_errors(spark, config, Bound(last_batches=1)) == {}
 
     # A reset of silver rebuilds silver, quarantine and both golds (and the table of distinct values)
     # from bronze: the same rows as the streams wrote.
-    rebuilt = reset(spark, lakehouse, with_downstream("orders_silver", ORDERS), config.gold_window, ORDERS)
-    assert [each.stream for each in rebuilt] == list(ORDERS.streams[1:])
+    rebuilt = reset(spark, lakehouse, with_downstream("purchases_silver", PURCHASES), config.gold_window, PURCHASES)
+    assert [each.stream for each in rebuilt] == list(PURCHASES.streams[1:])
     assert found(spark, lakehouse) == both
     # The rebuilt golds go on from there: one more order, read from Kafka, added once to each.
     produce(config, orders_topic, THIRD)
     ledger.look()
-    run_available_now(spark, config, ORDERS.streams, ORDERS)
+    run_available_now(spark, config, PURCHASES.streams, PURCHASES)
     assert found(spark, lakehouse) == ledger.expected()
+    assert audit_errors(spark, config) == {}
+
+    # Then the audit catches what a defect could leave: a value the distinct count never counted, and a
+    # sketch's estimate further off than its error allows.
+    values = lakehouse.table(PURCHASES.values_table(BY_SHOP, BY_SHOP.aggregates[3]))
+    stray = spark.read.format("delta").load(values).limit(1).withColumn("value", F.lit("zed"))
+    stray.write.format("delta").mode("append").save(values)
+    DeltaTable.forPath(spark, lakehouse.table(PURCHASES.gold_table(HOURLY))).update(
+        F.col("window_start") == F.lit(T0), {"customer_approx_distinct": F.lit(9)}
+    )
+    assert audit_errors(spark, config) == {
+        Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER: 1,
+        Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER: 1,
+    }
+
+
+def audit_errors(spark, config, bound: Bound | None = None) -> dict[str, int]:
+    report = run_audit(spark, config, PURCHASES, bound)
+    return {name: count for name, count in report.errors.items() if count}

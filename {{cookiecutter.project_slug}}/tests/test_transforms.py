@@ -18,8 +18,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from {{ cookiecutter.package_name }}.devtools.sample import contract_records
 from {{ cookiecutter.package_name }}.pipeline.bronze import bronze_records, with_topic_ids
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.gold import window_aggregates
@@ -28,6 +30,7 @@ from {{ cookiecutter.package_name }}.pipeline.silver import (
     parse_events,
     quarantined_records,
     valid_events,
+    without_duplicates,
 )
 
 INGESTED = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
@@ -380,3 +383,38 @@ def test_optional_fields_are_typed_when_present_and_null_when_absent_or_json_nul
         *("event_id", "event_time", "user_id", "event_type", "amount", "quantity", "gift", "sequence"),
         *("topic", "topic_id", "partition", "offset", "kafka_timestamp", "ingest_time"),
     ]
+
+
+@pytest.mark.parametrize("dataset", DATASETS, ids=lambda dataset: dataset.name)
+def test_a_datasets_sample_drawn_from_its_contract_is_valid_but_for_the_bad_and_the_retried_records(spark, dataset):
+    records = list(contract_records(dataset, 300, seed=3, malformed_ratio=0.1, retry_ratio=0.1))
+    # The ways of being bad that are the same bytes each time; the others are made from a record's values.
+    constant = {b"{not json", b'["an", "array"]', b"\xff\xfe not utf-8", None}
+    first_seen: dict[bytes | None, int] = {}
+    retried = {
+        offset
+        for offset, (_, value) in enumerate(records)
+        if value not in constant and first_seen.setdefault(value, offset) != offset
+    }
+    rows = [
+        (key, value, [], "samples", TOPIC_ID, 0, offset, KAFKA_TIME, 0, INGESTED)
+        for offset, (key, value) in enumerate(records)
+    ]
+    parsed = parse_events(bronze(spark, rows), dataset.contract)
+    if dataset.dedup_key:
+        parsed = without_duplicates(parsed, None, dataset)
+    reasons = {row.offset: row.reason for row in parsed.select("offset", "reason").collect()}
+
+    bad = {offset for offset, reason in reasons.items() if reason and not reason.startswith("duplicate of ")}
+    duplicates = {offset for offset, reason in reasons.items() if reason and reason.startswith("duplicate of ")}
+    # Each bad record is one of the ways a record is bad, in turn; a retry repeats a valid one.
+    assert len(bad) >= 20 and bad.isdisjoint(retried), sorted(bad)
+    assert {records[offset][1] for offset in bad} >= {b"{not json", b'["an", "array"]', None}
+    if dataset.dedup_key:
+        assert duplicates == retried and len(retried) >= 20
+    else:
+        assert duplicates == set()
+    # The rest are valid and typed: every required field there.
+    valid = valid_events(parsed, dataset.contract).collect()
+    assert len(valid) == len(records) - len(bad) - len(duplicates)
+    assert all(row[field.name] is not None for row in valid for field in dataset.contract.fields if field.required)

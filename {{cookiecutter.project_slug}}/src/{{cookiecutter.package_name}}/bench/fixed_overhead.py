@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from ..pipeline.bronze import bronze_records
 from ..pipeline.config import Config
+from ..pipeline.datasets import DATASETS
 from ..pipeline.delta.tables import BRONZE, BRONZE_SCHEMA, LAYERS, SILVER, Lakehouse, ensure_tables
 from ..pipeline.kafka.clients import spark_source_options
 from ..pipeline.streams import start_stream, stream_names
@@ -85,7 +86,7 @@ def run_steps(
     if bronze_rows is not None and bronze_rows < 0:
         raise ValueError(f"bronze_rows must not be negative, got {bronze_rows}")
     expected = bench.table_rows(config)["bronze"] if bronze_rows is None else bronze_rows
-    layers = stream_names(config)  # a phase's config runs no egress
+    layers = stream_names(config, DATASETS[0])  # the first dataset; a phase's config runs no egress
     queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in layers}
     log = ProgressLog(queries)
     per_step = []

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 
 from ..devtools.sample import produce
 from ..pipeline.config import Mode
+from ..pipeline.datasets import DATASETS
 from ..pipeline.delta.tables import GOLD, SILVER, Lakehouse
 from ..pipeline.kafka.clients import client_config
 from ..pipeline.streams import start_stream, stream_names
@@ -162,7 +163,10 @@ def run(bench: Bench, topic: str, trigger: str, name: str, mode: Mode = Mode.LAY
         f"latency ({name}): {sizes.latency_rate:,} records/s for {sizes.latency_seconds:g} s, trigger {trigger}, "
         f"{expected_markers} markers"
     )
-    queries = {layer: start_stream(bench.spark, config, layer, available_now=False) for layer in stream_names(config)}
+    queries = {
+        layer: start_stream(bench.spark, config, layer, available_now=False)
+        for layer in stream_names(config, DATASETS[0])
+    }
     stop = threading.Event()
     failure: list[BaseException] = []
     producer = threading.Thread(

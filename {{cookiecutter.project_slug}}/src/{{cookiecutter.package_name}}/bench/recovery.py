@@ -114,6 +114,8 @@ def child_env(config: Config) -> dict[str, str]:
         # The bench measures the three layers (phase_config turns the egresses off): its drains must not
         # start the egress streams a default bake turns on, whose sinks (a local PostgreSQL) it never starts.
         "PIPELINE_EGRESS": "none",
+        # It measures the first dataset: a bake's second dataset, whose topics the bench never fills, stays off.
+        "PIPELINE_DATASETS": "none",
     }
 
 

@@ -13,6 +13,7 @@ from ..pipeline.config import Config, ConfigError, duration_seconds
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
 from .live import LiveLine
+from .streams import add_dataset_argument, datasets_of
 
 
 def register(commands) -> None:
@@ -21,6 +22,7 @@ def register(commands) -> None:
         help="reconcile Kafka, bronze, silver, quarantine, gold and each egress at a cut of the running pipeline",
     )
     audit.add_argument("--json", action="store_true")
+    add_dataset_argument(audit, "audit this dataset (default: every dataset, one report each)")
     bound = audit.add_mutually_exclusive_group()
     bound.add_argument("--last-batches", type=int, metavar="N", help="only the records of bronze's last N batches")
     bound.add_argument(
@@ -68,23 +70,31 @@ def audit_command(config: Config, args: argparse.Namespace) -> int:
 
     config = connect(config, egress=True)
     bound = parse_bound(args.last_batches, args.since)
+    datasets = datasets_of(config, args.dataset)
+    reports = {}
     try:
         spark = spark_session(config, "audit")
-        with LiveLine(spark, "audit: reading Kafka and every table at one cut"):
-            report = run_audit(spark, config, bound=bound)
+        for declared in datasets:
+            with LiveLine(spark, f"audit of {declared.name}: reading Kafka and every table at one cut"):
+                reports[declared.name] = run_audit(spark, config, declared, bound)
     except AuditRangeError as error:
         # A bound the checkpoint cannot answer: bad input.
         print(f"audit: {error}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    clean = all(report.clean for report in reports.values())
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
+        verdict = "clean" if clean else "FAILED"
+        print(json.dumps({"verdict": verdict, "datasets": {n: r.as_dict() for n, r in reports.items()}}, indent=2))
+        return ExitCode.OK if clean else ExitCode.FAILED
+    for name, report in reports.items():
+        print(f"dataset {name}")
         for section in ("counts", "errors", "warnings"):
-            print(section)
-            for name, value in getattr(report, section).items():
-                print(f"  {name:<60} {value:>10}")
+            print(f"  {section}")
+            for key, value in getattr(report, section).items():
+                print(f"    {key:<60} {value:>10}")
         cut = report.cut
-        print(f"cut: table versions {cut['table_versions']}; stream batches {cut['batches']}")
-        print(f"  kafka range [first, end) per partition: {cut['kafka_range'] or 'none read by bronze yet'}")
-        print(f"audit verdict: {'clean' if report.clean else 'FAILED'}")
-    return ExitCode.OK if report.clean else ExitCode.FAILED
+        print(f"  cut: table versions {cut['table_versions']}; stream batches {cut['batches']}")
+        print(f"    kafka range [first, end) per partition: {cut['kafka_range'] or 'none read by bronze yet'}")
+        print(f"  {name}: {'clean' if report.clean else 'FAILED'}")
+    print(f"audit verdict: {'clean' if clean else 'FAILED'}")
+    return ExitCode.OK if clean else ExitCode.FAILED

@@ -13,16 +13,16 @@ from ..pipeline import gold as gold_layer
 from ..pipeline import streams as pipeline_streams
 from ..pipeline.config import Config, Mode, duration_seconds
 from ..pipeline.dataset import Dataset
-from ..pipeline.datasets import DATASETS, owner
-from ..pipeline.datasets import dataset as dataset_named
+from ..pipeline.datasets import DATASETS, owner, running
 from ..pipeline.delta.tables import (
     FUSED,
     LAYERS,
-    STREAMS,
     Lakehouse,
+    Layer,
     Stream,
     TableSchemaError,
     dataset_streams,
+    fused_stream,
     set_properties,
     with_downstream,
 )
@@ -36,7 +36,7 @@ from ..pipeline.refusals import Refusal
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
 from .live import LiveLine
-from .streams import add_dataset_argument
+from .streams import add_dataset_argument, datasets_of
 
 
 def register(commands) -> None:
@@ -88,8 +88,11 @@ def register(commands) -> None:
         help="keep one copy of each record bronze holds more than once, then reset silver and below",
     )
     copies.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    add_dataset_argument(copies, "the dataset whose bronze holds copies (default: every dataset)")
     copies.set_defaults(
-        handler=lambda config, args: drop_bronze_copies(config, args.yes, lambda: spark_session(config, "checkpoints"))
+        handler=lambda config, args: drop_bronze_copies(
+            config, args.yes, lambda: spark_session(config, "checkpoints"), args.dataset
+        )
     )
 
 
@@ -122,11 +125,20 @@ def list_checkpoints(config: Config, as_json: bool, spark) -> int:
         list_checkpoints(config, as_json=False, spark=spark)  # prints, returns 0
     """
     lakehouse = Lakehouse(config.lakehouse_root)
-    layers = {FUSED.name: FUSED} if config.mode is Mode.FUSED else STREAMS
-    streams = {**layers, **{name: egress_stream(name) for name in configured(config)}}
-    listing = {name: checkpoint_state(spark, lakehouse, stream) for name, stream in streams.items()}
-    gold = listing[FUSED.name if config.mode is Mode.FUSED else gold_layer.STREAM]
-    gold["refusal"] = gold["refusal"] or gold_layer.window_refusal(spark, lakehouse, config.gold_window)
+    listing = {}
+    for declared in running(config):
+        fused = fused_stream(declared)
+        layers = {fused.name: fused} if config.mode is Mode.FUSED else dataset_streams(declared)
+        for name, stream in layers.items():
+            listing[name] = checkpoint_state(spark, lakehouse, stream)
+            # A gold's stream (or the fused one, each gold) refuses a window its table was not built at.
+            golds = declared.golds if stream.layer is Layer.FUSED else [stream.gold] if stream.gold else []
+            for gold in golds:
+                window = gold_layer.window_of(gold, config.gold_window)
+                refusal = gold_layer.window_refusal(spark, lakehouse, window, name, declared.gold_table(gold))
+                listing[name]["refusal"] = listing[name]["refusal"] or refusal
+    for name in configured(config):
+        listing[name] = checkpoint_state(spark, lakehouse, egress_stream(name))
     if as_json:
         print(json.dumps(listing, indent=2))
         return ExitCode.OK
@@ -147,7 +159,7 @@ def checkpoint_state(spark, lakehouse: Lakehouse, stream: Stream) -> dict:
 
     Example::
 
-        checkpoint_state(spark, Lakehouse("/data/lake"), STREAMS["gold"])["status"]  # "ok"
+        checkpoint_state(spark, Lakehouse("/data/lake"), dataset_streams(DATASETS[0])["gold"])["status"]  # "ok"
     """
     lease_status, holder = read_lease(spark, lakehouse, stream.name)
     state: dict = {
@@ -343,7 +355,7 @@ def accept_loss(
         accept_loss(config, yes=True, make_spark=lambda config: spark)  # 0
     """
     spark = make_spark(config)
-    for declared in DATASETS if dataset_name is None else (dataset_named(dataset_name),):
+    for declared in datasets_of(config, dataset_name):
         code = _accept_loss_of(config, yes, spark, declared)
         if code != ExitCode.OK:
             return code
@@ -391,9 +403,12 @@ def _accept_loss_of(config: Config, yes: bool, spark, declared: Dataset) -> int:
     return ExitCode.OK
 
 
-def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], object]) -> int:
+def drop_bronze_copies(
+    config: Config, yes: bool, make_spark: Callable[[], object], dataset_name: str | None = None
+) -> int:
     """The way out of the audit's ``bronze_duplicates``: bronze keeps the first copy of each record, in one
-    commit, then silver and below are reset (rebuilt from bronze). Asks on a terminal, needs ``yes`` otherwise.
+    commit, then silver and below are reset (rebuilt from bronze); for dataset ``dataset_name``, or for each
+    dataset in turn. Asks on a terminal, needs ``yes`` otherwise.
 
     Silver kept one copy of each record all along, so only bronze was wrong; but a rewrite of bronze is a
     change silver's stream cannot read past. Silver is marked as being rebuilt before bronze changes: if
@@ -404,42 +419,54 @@ def drop_bronze_copies(config: Config, yes: bool, make_spark: Callable[[], objec
 
         drop_bronze_copies(config, yes=True, make_spark=lambda: spark)  # 0
     """
-    lakehouse = Lakehouse(config.lakehouse_root)
     spark = make_spark()
+    for declared in datasets_of(config, dataset_name):
+        code = _drop_bronze_copies_of(config, yes, spark, declared)
+        if code != ExitCode.OK:
+            return code
+    return ExitCode.OK
+
+
+def _drop_bronze_copies_of(config: Config, yes: bool, spark, declared: Dataset) -> int:
+    lakehouse = Lakehouse(config.lakehouse_root)
+    layered = dataset_streams(declared)
+    bronze_stream, silver_stream = declared.stream("bronze"), declared.stream("silver")
     # The fused stream never reads bronze back: silver kept one copy of each record, and bronze is only mended.
-    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
-    streams = [STREAMS["bronze"], FUSED] if fused else with_downstream("bronze")
+    fused = bool(pipeline_streams.streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED, declared))
+    streams = [layered[bronze_stream], fused_stream(declared)] if fused else with_downstream(bronze_stream, declared)
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
-    way_out = "Then run `checkpoints drop-bronze-copies` again."
+    way_out = f"Then run `checkpoints drop-bronze-copies --dataset {declared.name}` again."
     try:
         # Held throughout: no stream writes between finding the copies, dropping them and the reset.
         with holding(spark, lakehouse, [each.name for each in streams], way_out=way_out, ttl_s=ttl_s):
-            copies = bronze_layer.find_copies(spark, lakehouse)
+            copies = bronze_layer.find_copies(spark, lakehouse, declared)
             if copies is None:
-                bronze_layer.drop_copies(spark, lakehouse, None)  # appendOnly back, if a run was cut short
-                print("nothing to drop: bronze holds each record once")
+                bronze_layer.drop_copies(spark, lakehouse, None, declared)  # appendOnly back, if a run was cut short
+                print(f"{declared.name}: nothing to drop: bronze holds each record once")
                 return ExitCode.OK
-            reset = [] if fused else with_downstream("silver")
+            reset = [] if fused else with_downstream(silver_stream, declared)
             names = ", ".join(each.name for each in reset) or "nothing (the fused stream goes on)"
-            what = f"remove {copies.describe()} from bronze (the first copy of each stays) and reset {names}"
+            what = f"remove {copies.describe()} from {declared.bronze} (the first copy of each stays) and reset {names}"
             refused = confirmation(
                 yes,
-                lambda: Refusal.COPIES_UNCONFIRMED.message("bronze", what=what),
+                lambda: Refusal.COPIES_UNCONFIRMED.message(
+                    bronze_stream, what=what, again=f"`checkpoints drop-bronze-copies --dataset {declared.name} --yes`"
+                ),
                 f"Bronze holds records more than once.\nThis will {what}.\n",
                 "nothing dropped",
             )
             if refused is not None:
                 return refused
             if reset:
-                mark = {REBUILDING_PROPERTY % "silver": str(uuid.uuid4())}
-                for table in STREAMS["silver"].sinks:
+                mark = {REBUILDING_PROPERTY % silver_stream: str(uuid.uuid4())}
+                for table in layered[silver_stream].sinks:
                     set_properties(spark, lakehouse.table(table), mark)
             with LiveLine(spark, f"dropping bronze's copies, then resetting {names}"):
-                bronze_layer.drop_copies(spark, lakehouse, copies)
+                bronze_layer.drop_copies(spark, lakehouse, copies, declared)
                 if reset:
-                    pipeline_streams.reset(spark, lakehouse, reset, config.gold_window, config=config)
+                    pipeline_streams.reset(spark, lakehouse, reset, config.gold_window, declared, config=config)
     except (LeaseHeld, TableSchemaError) as error:
         print(f"refusing to drop bronze's copies: {error}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(f"removed {copies.describe()} from bronze; reset {names}: the next run resumes consistently")
+    print(f"removed {copies.describe()} from {declared.bronze}; reset {names}: the next run resumes consistently")
     return ExitCode.OK

@@ -19,15 +19,19 @@ from ..pipeline.config import Config
 from .connect import connect
 from .exit_codes import ExitCode
 from .local_servers import private_servers, uses_local_broker
+from .streams import add_dataset_argument, datasets_of
 
 T = TypeVar("T")
 
 
 def register(commands) -> None:
-    produce = commands.add_parser("produce-sample", help="produce sample events to the first configured topic")
-    produce.add_argument("--count", type=int, required=True)
+    produce = commands.add_parser(
+        "produce-sample", help="produce sample records to each dataset's first topic, drawn from its contract"
+    )
+    produce.add_argument("--count", type=int, required=True, help="records per dataset")
     produce.add_argument("--malformed-ratio", type=float, default=0.0)
     produce.add_argument("--seed", type=int, default=7)
+    add_dataset_argument(produce, "produce this dataset's records (default: every dataset's)")
     produce.set_defaults(handler=produce_sample)
 
     demo_parser = commands.add_parser(
@@ -87,8 +91,14 @@ def register(commands) -> None:
     setup_parser.set_defaults(handler=setup)
 
 
+# A dataset's records that are an application-level retry of an earlier one (``contract_records``): its
+# business key then sends them to quarantine, as the demo shows.
+SAMPLE_RETRY_RATIO = 0.02
+
+
 def produce_sample(config: Config, args: argparse.Namespace) -> int:
-    from ..devtools.sample import produce, sample_records
+    from ..devtools.sample import contract_records, produce, sample_records
+    from ..pipeline.datasets import DATASETS, config_of
     from ..pipeline.kafka.clients import client_config, ensure_topics
 
     if not 0.0 <= args.malformed_ratio <= 1.0:
@@ -96,11 +106,17 @@ def produce_sample(config: Config, args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     local_broker = uses_local_broker(config)
     config = connect(config)
-    if local_broker:
-        ensure_topics(config)
-    topic = config.kafka.topics[0]
-    sent = produce(client_config(config), topic, sample_records(args.count, args.seed, args.malformed_ratio))
-    print(f"produced {sent} records to {topic}")
+    for declared in datasets_of(config, args.dataset):
+        reads = config_of(config, declared)
+        if local_broker:
+            ensure_topics(reads)
+        topic = reads.kafka.topics[0]
+        if declared is DATASETS[0]:
+            records = sample_records(args.count, args.seed, args.malformed_ratio)
+        else:
+            records = contract_records(declared, args.count, args.seed, args.malformed_ratio, SAMPLE_RETRY_RATIO)
+        sent = produce(client_config(config), topic, records)
+        print(f"produced {sent} records to {topic} ({declared.name})")
     return ExitCode.OK
 
 
@@ -120,7 +136,7 @@ def demo(config: Config, args: argparse.Namespace) -> int:
         print("demo: --count and --limit must be at least 1", file=sys.stderr)
         return ExitCode.BAD_INPUT
     sample = argparse.Namespace(
-        command=args.command, count=args.count, malformed_ratio=args.malformed_ratio, seed=args.seed
+        command=args.command, count=args.count, malformed_ratio=args.malformed_ratio, seed=args.seed, dataset=None
     )
     code = produce_sample(config, sample)
     if code != ExitCode.OK:
@@ -130,14 +146,14 @@ def demo(config: Config, args: argparse.Namespace) -> int:
     spark_session(config, "demo")
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = streams.run(config, argparse.Namespace(layer="all", available_now=True))
+        code = streams.run(config, argparse.Namespace(layer="all", available_now=True, dataset=None))
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     if code != ExitCode.OK:
         return code
-    streams.show(config, argparse.Namespace(tables=["gold", *configured(config)], limit=args.limit))
-    return audit.audit_command(config, argparse.Namespace(json=False, last_batches=None, since=None))
+    streams.show(config, argparse.Namespace(tables=["gold", *configured(config)], limit=args.limit, dataset=None))
+    return audit.audit_command(config, argparse.Namespace(json=False, dataset=None, last_batches=None, since=None))
 
 
 def chaos(config: Config, args: argparse.Namespace) -> int:

@@ -37,12 +37,30 @@ def register(commands) -> None:
         "tables", nargs="+", metavar="table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()]
     )
     show_parser.add_argument("--limit", type=int, default=20, help="rows printed per table")
+    add_dataset_argument(show_parser, "print this dataset's tables (default: every dataset's)")
     show_parser.set_defaults(handler=show)
 
 
 def add_dataset_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
-    """``--dataset NAME``: one of the project's datasets (default None: every one)."""
+    """``--dataset NAME``: one of the project's datasets (default None: every one the config runs)."""
     parser.add_argument("--dataset", choices=[each.name for each in DATASETS], help=help_text)
+
+
+def datasets_of(config: Config, name: str | None) -> tuple:
+    """The datasets a command works on: dataset ``name``, refused (ConfigError naming its table) where the
+    config does not run it; without a name, every dataset the config runs.
+
+    Example::
+
+        datasets_of(config, None)  # (events, orders)
+    """
+    from ..pipeline.datasets import dataset, kafka_of, running
+
+    if name is None:
+        return running(config)
+    declared = dataset(name)
+    kafka_of(config, declared)
+    return (declared,)
 
 
 def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[str, ...]:
@@ -54,20 +72,24 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
 
         selected_streams(config, "gold", None)  # ("gold", "orders_gold_by_shop", "orders_gold_hourly")
     """
-    from ..pipeline.datasets import dataset as dataset_named
+    from ..pipeline.config import Mode
     from ..pipeline.delta.tables import dataset_streams, fused_stream
     from ..pipeline.egress import configured
+    from ..pipeline.fused import check_runs
     from ..pipeline.streams import stream_names
 
     if layer in installed_names():
         return (layer,)
-    datasets = DATASETS if dataset is None else (dataset_named(dataset),)
+    datasets = datasets_of(config, dataset)
     egresses = tuple(configured(config)) if layer == "all" and DATASETS[0] in datasets else ()
     names = []
     for each in datasets:
         if layer == "all":
+            if config.mode is Mode.FUSED:
+                check_runs(each)
             names.extend(name for name in stream_names(config, each) if name not in configured(config))
         elif layer == "fused":
+            check_runs(each)
             names.append(fused_stream(each).name)
         else:
             names.extend(name for name, stream in dataset_streams(each).items() if stream.layer == layer)
@@ -94,10 +116,11 @@ def run(config: Config, args: argparse.Namespace) -> int:
     # again after: starting the SparkContext replaces the SIGINT handler.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
+    # Before Spark: a dataset the config does not run, or one the fused mode cannot, exits 2.
+    layers = selected_streams(config, args.layer, args.dataset)
     spark = spark_session(config, f"pipeline-{args.layer}")
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    layers = selected_streams(config, args.layer, args.dataset)
     if not args.available_now:
         # A continuous run is watched through its log and metrics, not waited for at a terminal.
         with _reporting(spark, ProgressReporter(spark)):
@@ -204,37 +227,46 @@ def _stop_after_current_batch(query, timeout_s: float = 120.0) -> None:
 
 
 def describe(config: Config) -> dict:
-    """The streams, tables, checkpoints and egresses of ``config`` as plain data (`describe --json`)."""
+    """The datasets, streams, tables, checkpoints and egresses of ``config`` as plain data (`describe --json`).
+
+    Stream and table names are the project's own across its datasets: each stream names its dataset.
+    """
     from ..pipeline.config import Mode
-    from ..pipeline.delta.tables import FUSED, SCHEMAS, STREAMS, Lakehouse
+    from ..pipeline.datasets import config_of, running
+    from ..pipeline.delta.tables import Lakehouse, dataset_streams, fused_stream, table_schemas
     from ..pipeline.egress import configured
 
     lakehouse = Lakehouse(config.lakehouse_root)
-    streams = {FUSED.name: FUSED} if config.mode is Mode.FUSED else STREAMS
+    first = DATASETS[0]
     egress = {
         name: {
-            "source": f"change data feed of {lakehouse.table(STREAMS['gold'].sinks[0])}",
+            "source": f"change data feed of {lakehouse.table(first.gold_table(first.golds[0]))}",
             **module.describe(config),
             "checkpoint": lakehouse.checkpoint(name),
         }
         for name, module in configured(config).items()
     }
-    return {
-        "env": config.env,
-        "mode": config.mode.value,
-        "lakehouse_root": config.lakehouse_root,
-        "streams": {
-            name: {
-                "source": f"kafka:{','.join(config.kafka.topics)}"
-                if stream.source == "kafka"
-                else lakehouse.table(stream.source),
+    datasets, streams, tables = {}, {}, {}
+    for declared in running(config):
+        topics = list(config_of(config, declared).kafka.topics)
+        datasets[declared.name] = {"topics": topics, "golds": [gold.name for gold in declared.golds]}
+        fused = fused_stream(declared)
+        for name, stream in ({fused.name: fused} if config.mode is Mode.FUSED else dataset_streams(declared)).items():
+            streams[name] = {
+                "dataset": declared.name,
+                "source": f"kafka:{','.join(topics)}" if stream.source == "kafka" else lakehouse.table(stream.source),
                 "sinks": {table: lakehouse.table(table) for table in stream.sinks},
                 "checkpoint": lakehouse.checkpoint(name),
                 "downstream": list(stream.downstream),
             }
-            for name, stream in streams.items()
-        },
-        "tables": {name: lakehouse.table(name) for name in SCHEMAS},
+        tables.update({name: lakehouse.table(name) for name in table_schemas(declared)})
+    return {
+        "env": config.env,
+        "mode": config.mode.value,
+        "lakehouse_root": config.lakehouse_root,
+        "datasets": datasets,
+        "streams": streams,
+        "tables": tables,
         "egress": egress,
     }
 
@@ -245,8 +277,10 @@ def print_description(config: Config, args: argparse.Namespace) -> int:
         print(json.dumps(description, indent=2))
         return ExitCode.OK
     print(f"env {description['env']}, {description['mode']} mode, lakehouse {description['lakehouse_root']}")
+    for name, dataset in description["datasets"].items():
+        print(f"dataset {name}: topics {', '.join(dataset['topics'])}; golds {', '.join(dataset['golds'])}")
     for name, stream in description["streams"].items():
-        print(f"stream {name}: {stream['source']} -> {', '.join(stream['sinks'].values())}")
+        print(f"stream {name} ({stream['dataset']}): {stream['source']} -> {', '.join(stream['sinks'].values())}")
         print(f"  checkpoint {stream['checkpoint']}")
     for name, egress in description["egress"].items():
         sink = ", ".join(f"{key} {value}" for key, value in egress.items() if key not in {"source", "checkpoint"})
@@ -256,25 +290,36 @@ def print_description(config: Config, args: argparse.Namespace) -> int:
 
 
 def show(config: Config, args: argparse.Namespace) -> int:
-    from ..pipeline.datasets.events import EVENTS
-    from ..pipeline.delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse
+    from ..pipeline.delta.tables import KAFKA_KEY_COLUMNS
 
     egresses = [name for name in args.tables if name in installed_names()]
     # Every egress named is checked (on, reachable) before Spark starts.
     egress_config = config
     for stream in egresses:
         egress_config = connect(config, egress=True, asked=stream)
+    datasets = datasets_of(config, args.dataset)
     for name in args.tables:
         if name in egresses:
             _show_egress(egress_config, name, args.limit)
             continue
-        table_name = {"bronze": BRONZE, "silver": SILVER, "quarantine": QUARANTINE, "gold": GOLD}[name]
-        path = Lakehouse(config.lakehouse_root).table(table_name)
-        table = spark_session(config, "show").read.format("delta").load(path)
-        ordering = list(EVENTS.gold_key) if name == "gold" else KAFKA_KEY_COLUMNS
-        print(f"{table_name}: {table.count()} rows")
-        table.orderBy(*ordering).show(args.limit, truncate=False)
+        for declared in datasets:
+            layers = {"bronze": [declared.bronze], "silver": [declared.silver], "quarantine": [declared.quarantine]}
+            for gold in declared.golds if name == "gold" else ():
+                # A HyperLogLog sketch is bytes to merge, not to read: its estimate is shown beside it.
+                _show_table(config, declared.gold_table(gold), list(gold.key), args.limit, hidden=gold.sketches)
+            for table_name in layers.get(name, []):
+                _show_table(config, table_name, KAFKA_KEY_COLUMNS, args.limit)
     return ExitCode.OK
+
+
+def _show_table(config: Config, table_name: str, ordering: list[str], limit: int, hidden: tuple[str, ...] = ()) -> None:
+    from ..pipeline.delta.tables import Lakehouse
+
+    path = Lakehouse(config.lakehouse_root).table(table_name)
+    table = spark_session(config, "show").read.format("delta").load(path)
+    left_out = f" (not shown: {', '.join(hidden)})" if hidden else ""
+    print(f"{table_name}: {table.count()} rows{left_out}")
+    table.drop(*hidden).orderBy(*ordering).show(limit, truncate=False)
 
 
 def _show_egress(config: Config, stream: str, limit: int) -> None:

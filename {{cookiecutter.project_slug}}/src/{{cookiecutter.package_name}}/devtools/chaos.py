@@ -222,7 +222,8 @@ def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
             EGRESS_POSTGRES_PASSWORD=settings.password.get_secret_value() if settings.password else "",
             EGRESS_POSTGRES_TABLE=run.replace("-", "_"),
         )
-    return {"PIPELINE_EGRESS": ",".join(sections) or "none", **env}
+    # The run drives the first dataset: a second one's topics get no records from it.
+    return {"PIPELINE_EGRESS": ",".join(sections) or "none", "PIPELINE_DATASETS": "none", **env}
 
 
 def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int, bytes, bytes | None, dict]]:

@@ -1,7 +1,8 @@
-"""Sample events for the demo and tests, produced with a transactional producer.
+"""Sample records for the demo and tests, produced with a transactional producer.
 
-Record contract: key = user_id (UTF-8); value = JSON
+``sample_records`` are the events dataset's: key = user_id (UTF-8); value = JSON
 {"event_id", "event_time" (ISO-8601 with offset), "user_id", "event_type", "amount"}.
+``contract_records`` are any dataset's, drawn from its declaration.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from confluent_kafka import Producer
+
+from ..pipeline.contract import Contract, Field, Kind
+from ..pipeline.dataset import Dataset
 
 EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 # One of each way a record can be bad; the silver layer must quarantine every one.
@@ -41,6 +45,100 @@ def sample_event(index: int, rng: random.Random, start: datetime, prefix: str) -
         # Two-decimal amounts written as JSON numbers: exact as DECIMAL(18,2).
         "amount": float(Decimal(rng.randrange(1, 100_000)) / 100),
     }
+
+
+def contract_records(
+    dataset: Dataset,
+    count: int,
+    seed: int = 7,
+    malformed_ratio: float = 0.0,
+    retry_ratio: float = 0.0,
+    start: datetime | None = None,
+    prefix: str | None = None,
+) -> Iterator[Record]:
+    """``count`` records of ``dataset``, their values drawn from its contract, reproducible for a seed.
+
+    Each field gets a value of its kind: a business-key string unique per record (``<prefix>-<n>``), a
+    dimension one of four values, any other string one of fifty, an event time within ten minutes of
+    ``start``, a decimal that fits its precision and scale written as a JSON number, an optional field left
+    out now and then. About ``malformed_ratio`` of the records are bad in one of the ways silver quarantines
+    (not JSON, not an object, a required field missing, a field of the wrong kind, not UTF-8, no value), and
+    about ``retry_ratio`` are an application-level retry: an earlier record's key and value sent again.
+
+    Example::
+
+        produce(client_config(config), "orders", contract_records(ORDERS, 1000, retry_ratio=0.02))
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    for name, ratio in (("malformed_ratio", malformed_ratio), ("retry_ratio", retry_ratio)):
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"{name} must be between 0 and 1, got {ratio}")
+    rng = random.Random(seed)
+    start = start or datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+    prefix = prefix or f"{dataset.name}-{seed}"
+    contract = dataset.contract
+    keyed_by = (*dataset.dedup_key, *contract.dimensions, contract.fields[0].name)[0]
+    sent: list[Record] = []
+    for index in range(count):
+        if sent and rng.random() < retry_ratio:
+            yield rng.choice(sent)
+            continue
+        values = {
+            field.name: _sample_value(field, index, rng, start, prefix, dataset)
+            for field in contract.fields
+            if field.required or rng.random() >= 0.1
+        }
+        key = str(values.get(keyed_by, "")).encode() or None
+        if rng.random() < malformed_ratio:
+            yield key, _malformed(contract, values, index)
+            continue
+        record = (key, _json_object(values))
+        sent.append(record)
+        yield record
+
+
+def _sample_value(field: Field, index: int, rng: random.Random, start: datetime, prefix: str, dataset: Dataset):
+    if field.kind is Kind.STRING:
+        if field.name in dataset.dedup_key:
+            return f"{prefix}-{index:09d}"
+        choices = 4 if field.name in dataset.contract.dimensions else 50
+        return f"{field.name}-{rng.randrange(choices):03d}"
+    if field.kind is Kind.TIMESTAMP:
+        return (start + timedelta(milliseconds=rng.randrange(600_000))).isoformat()
+    if field.kind is Kind.DECIMAL:
+        digits = min(field.precision, 7)
+        return Decimal(rng.randrange(1, 10**digits)).scaleb(-min(field.scale, digits))
+    if field.kind is Kind.INTEGER:
+        return rng.randrange(-1000, 1000)
+    if field.kind is Kind.LONG:
+        return rng.randrange(2**40)
+    return rng.random() < 0.5
+
+
+def _json_object(values: dict) -> bytes:
+    # A decimal is written as its exact text, a JSON number: json.dumps would go through a float.
+    members = (
+        f"{json.dumps(name)}: {value if isinstance(value, Decimal) else json.dumps(value)}"
+        for name, value in values.items()
+    )
+    return ("{" + ", ".join(members) + "}").encode()
+
+
+def _malformed(contract: Contract, values: dict, index: int) -> bytes | None:
+    """One of the ways a record is bad, in turn by ``index``."""
+    first = next(field for field in contract.fields if field.required)
+    wrong_kind = dict(values, **{first.name: 1 if first.kind is Kind.STRING else "not a " + first.kind.value})
+    missing = {name: value for name, value in values.items() if name != first.name}
+    ways = (
+        b"{not json",
+        b'["an", "array"]',
+        _json_object(missing),
+        _json_object(wrong_kind),
+        b"\xff\xfe not utf-8",
+        None,
+    )
+    return ways[index % len(ways)]
 
 
 def sample_records(

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
-from .config import Config
+from .config import Config, ConfigError
 from .dataset import Dataset
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
@@ -212,8 +212,8 @@ def reads_bronze_back(config: Config) -> bool:
 
 
 def check_runs(dataset: Dataset) -> None:
-    """ValueError unless the fused stream runs ``dataset``: the events dataset's tables, one gold, no
-    business key.
+    """ConfigError (naming ``pipeline.mode``) unless the fused stream runs ``dataset``: the events
+    dataset's tables, one gold, no business key.
 
     Example::
 
@@ -222,8 +222,9 @@ def check_runs(dataset: Dataset) -> None:
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
     if (fused_stream(dataset).name, fused_stream(dataset).sinks) != (FUSED.name, FUSED.sinks) or dataset.dedup_key:
-        raise ValueError(
-            f"the fused mode runs the events dataset's tables, one gold and no dedup_key; not dataset {dataset.name}"
+        raise ConfigError(
+            f"pipeline.mode: the fused mode runs the events dataset's tables, one gold and no dedup_key; not "
+            f"dataset {dataset.name}: run it in the layered mode, or leave it out (PIPELINE_DATASETS)"
         )
 
 

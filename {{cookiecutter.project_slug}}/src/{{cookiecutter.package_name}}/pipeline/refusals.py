@@ -388,7 +388,7 @@ class Refusal(Enum):
         happened="`checkpoints drop-bronze-copies` ran where nothing can ask (not on a terminal) without `--yes`",
         found="refusing to drop copies from bronze without confirmation: this would {what}. Not on a terminal, so "
         "nothing can ask.",
-        way_out="run `checkpoints drop-bronze-copies --yes` to do it.",
+        way_out="run {again} to do it.",
         prefixed=False,
     )
     KAFKA_MARKER_AHEAD = Entry(

@@ -346,12 +346,15 @@ def stream_writer(
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)
         parsed = parse_events(first_per_kafka_record(bronze_batch), dataset.contract).persist()
+        checked = None
         if dataset.dedup_key:
             checked, parsed = parsed, without_duplicates(parsed, silver_path, dataset).persist()
-            checked.unpersist()
         try:
             with crash_points(bronze_batch.sparkSession, stream, batch_id):
                 ranges, rejected, records = ranges_and_quarantine_share(parsed, stream, batch_id)
+                if checked is not None:
+                    # The marked rows are cached now, read from the parse cached before: it is read no more.
+                    checked.unpersist()
                 # Two tables, two commits: each is idempotent on its own, so a crash
                 # between them is repaired by the replay writing only the second. A table
                 # with nothing to insert is left alone (a replay finds nothing either):
@@ -372,6 +375,8 @@ def stream_writer(
                 record_sink_versions(bronze_batch.sparkSession, checkpoint, batch_id, sinks)
         finally:
             parsed.unpersist()
+            if checked is not None:
+                checked.unpersist()
 
     source = source_stream(spark, lakehouse, dataset_streams(dataset)[stream], prepared.stream_id)
     return source.writeStream.foreachBatch(write_batch)

@@ -37,7 +37,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
 from .dataset import Dataset
-from .datasets import DATASETS, owner
+from .datasets import owner, running
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
     BRONZE,
@@ -155,7 +155,7 @@ def start_stream(
 
 
 def stream_names(config: Config, dataset: Dataset | None = None) -> tuple[str, ...]:
-    """Every stream of ``dataset`` (default: of each of the project's datasets, in turn) the config runs: its
+    """Every stream of ``dataset`` (default: of each dataset the config runs, in turn) the config runs: its
     layers, one stream per gold (or the fused stream), then each egress it turns on.
 
     Example::
@@ -164,7 +164,7 @@ def stream_names(config: Config, dataset: Dataset | None = None) -> tuple[str, .
     """
     layers = [
         name
-        for each in (DATASETS if dataset is None else (dataset,))
+        for each in (running(config) if dataset is None else (dataset,))
         for name in ((fused_stream(each).name,) if config.mode is Mode.FUSED else tuple(dataset_streams(each)))
     ]
     return (*layers, *configured(config))

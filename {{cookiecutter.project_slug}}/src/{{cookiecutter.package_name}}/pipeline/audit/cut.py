@@ -37,7 +37,9 @@ from pyspark.sql import functions as F
 from ..bronze import first_offsets
 from ..config import Config
 from ..contract import Contract
-from ..delta.tables import BRONZE, FUSED, GOLD, SILVER, STREAMS, Lakehouse, change_feed_files, latest_snapshot
+from ..dataset import Dataset
+from ..datasets.events import DATASET as EVENTS_DATASET
+from ..delta.tables import Lakehouse, Stream, change_feed_files, dataset_streams, fused_stream, latest_snapshot
 from ..kafka.clients import offsets_for_time, watermark_offsets
 from ..kafka.identity import recorded_sources
 from ..recovery import checkpoints, rebuild
@@ -146,9 +148,14 @@ class Cut:
     # Below it, retention has deleted records; above it, compaction may have removed some.
     kafka_log_start: dict[Partition, int]
     silver_read: Consumed  # bronze, as silver had read it
-    gold_read: Consumed  # silver, as gold had read it
-    egress_read: dict[str, Consumed] = field(default_factory=dict)  # gold, as each egress had read it
+    gold_reads: dict[str, Consumed]  # silver, as each gold's stream had read it, by the gold's name
+    egress_read: dict[str, Consumed] = field(default_factory=dict)  # the first gold, as each egress had read it
     bound: Bound = field(default_factory=Bound)
+
+    @property
+    def gold_read(self) -> Consumed:
+        """Silver, as the first gold's stream had read it (the gold the egresses publish)."""
+        return next(iter(self.gold_reads.values()))
 
     def kafka_offsets(self) -> tuple[str | None, str, str]:
         """Spark's assign, startingOffsets and endingOffsets JSON for the partitions with records in the range.
@@ -192,6 +199,7 @@ class Cut:
             },
             "silver_read_bronze_through_version": self.silver_read.whole,
             "gold_read_silver_through_version": self.gold_read.whole,
+            **{f"gold_{name}_read_silver_through_version": read.whole for name, read in self.gold_reads.items()},
             **{f"{name}_read_gold_through_version": read.whole for name, read in self.egress_read.items()},
             "bound": {"last_batches": self.bound.last_batches, "since_ms": self.bound.since_ms},
         }
@@ -203,8 +211,10 @@ def take_cut(
     lakehouse: Lakehouse,
     bound: Bound | None = None,
     egresses: tuple[str, ...] = (),
+    dataset: Dataset = EVENTS_DATASET,
 ) -> Cut:
-    """Read how far every stream has got, downstream first, without stopping any.
+    """Read how far every stream of ``dataset`` has got, downstream first, without stopping any; ``config`` as
+    the dataset reads it (``datasets.config_of``). ``egresses`` read its first gold.
 
     Example::
 
@@ -219,7 +229,7 @@ def take_cut(
     egress_read = {}
 
     def gold_changes(version: int) -> int | None:
-        paths = change_feed_files(spark, lakehouse.table(GOLD), version)
+        paths = change_feed_files(spark, lakehouse.table(dataset.gold_table(dataset.golds[0])), version)
         return None if paths is None else len(paths)
 
     for name in egresses:
@@ -229,20 +239,27 @@ def take_cut(
         egress_read[name] = _consumed_at(
             spark, checkpoint, batches[name], read=lambda offset: change_feed_consumed(offset, gold_changes)
         )
-    if checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(FUSED.name), FUSED.name) is not None:
-        kafka_reader = FUSED.name
-        bronze_batch, silver_read, gold_read = _fused_batch(spark, lakehouse, versions, batches)
+    streams, fused = dataset_streams(dataset), fused_stream(dataset)
+    gold_reads = {}
+    if checkpoints.read_stream_id_if_readable(spark, lakehouse.checkpoint(fused.name), fused.name) is not None:
+        kafka_reader = fused.name
+        bronze_batch = _fused_batch(spark, lakehouse, versions, batches, fused)
+        silver_read = Consumed(versions[dataset.bronze])
+        gold_reads = {gold.name: Consumed(versions[dataset.silver]) for gold in dataset.golds}
     else:
-        kafka_reader = "bronze"
-        gold_batch = _stream_batch(spark, lakehouse, "gold", versions, batches)
-        gold_read = _consumed_at(spark, lakehouse.checkpoint("gold"), gold_batch)
-        if gold_batch is None:
-            gold_read = _rebuilt_from(spark, lakehouse, "gold", gold_read)
-        silver_batch = _stream_batch(spark, lakehouse, "silver", versions, batches)
-        silver_read = _consumed_at(spark, lakehouse.checkpoint("silver"), silver_batch)
+        kafka_reader = dataset.stream("bronze")
+        for gold in dataset.golds:
+            stream = streams[dataset.gold_stream(gold)]
+            gold_batch = _stream_batch(spark, lakehouse, stream, versions, batches)
+            gold_reads[gold.name] = _consumed_at(spark, lakehouse.checkpoint(stream.name), gold_batch)
+            if gold_batch is None:
+                gold_reads[gold.name] = _rebuilt_from(spark, lakehouse, stream, gold_reads[gold.name])
+        silver = streams[dataset.stream("silver")]
+        silver_batch = _stream_batch(spark, lakehouse, silver, versions, batches)
+        silver_read = _consumed_at(spark, lakehouse.checkpoint(silver.name), silver_batch)
         if silver_batch is None:
-            silver_read = _rebuilt_from(spark, lakehouse, "silver", silver_read)
-        bronze_batch = _stream_batch(spark, lakehouse, "bronze", versions, batches)
+            silver_read = _rebuilt_from(spark, lakehouse, silver, silver_read)
+        bronze_batch = _stream_batch(spark, lakehouse, streams[kafka_reader], versions, batches)
     kafka_end = _kafka_offsets(spark, lakehouse, bronze_batch, kafka_reader)
     # A topic created again, or emptied by retention, may hold less than the checkpoint read.
     marks = watermark_offsets(config, sorted({topic for topic, _ in kafka_end}))
@@ -251,50 +268,52 @@ def take_cut(
     return Cut(
         versions=versions,
         batches=batches,
-        kafka_start=_kafka_start(spark, config, lakehouse, bound, bronze_batch, kafka_end, log_start, kafka_reader),
+        kafka_start=_kafka_start(
+            spark, config, lakehouse, bound, bronze_batch, kafka_end, log_start, kafka_reader, dataset
+        ),
         kafka_end=kafka_end,
         kafka_log_start=log_start,
         silver_read=silver_read,
-        gold_read=gold_read,
+        gold_reads=gold_reads,
         egress_read=egress_read,
         bound=bound,
     )
 
 
-def _stream_batch(spark: SparkSession, lakehouse: Lakehouse, stream: str, versions: dict, batches: dict) -> int | None:
+def _stream_batch(
+    spark: SparkSession, lakehouse: Lakehouse, stream: Stream, versions: dict, batches: dict
+) -> int | None:
     """The newest batch of ``stream`` its sinks hold in full; pins each sink's version in ``versions``."""
-    checkpoint = lakehouse.checkpoint(stream)
-    stream_id = checkpoints.read_stream_id(spark, checkpoint, stream)
+    checkpoint = lakehouse.checkpoint(stream.name)
+    stream_id = checkpoints.read_stream_id(spark, checkpoint, stream.name)
     committed = checkpoints.last_committed_batch(spark, checkpoint)
     txns = []
     # The sink a batch commits last is read first (silver: quarantine, then silver): a batch
     # found there has committed to the others too.
-    for position, name in enumerate(reversed(STREAMS[stream].sinks)):
-        sink = read_sink_progress(spark, name, lakehouse.table(name), stream, stream_id)
+    for position, name in enumerate(reversed(stream.sinks)):
+        sink = read_sink_progress(spark, name, lakehouse.table(name), stream.name, stream_id)
         versions[name] = sink.version
         if position == 0 and sink.txn_batch is not None:
             txns.append(sink.txn_batch)
     batch = max([b for b in (committed, *txns) if b is not None], default=None)
-    batches[stream] = batch
+    batches[stream.name] = batch
     return batch
 
 
-def _fused_batch(
-    spark: SparkSession, lakehouse: Lakehouse, versions: dict, batches: dict
-) -> tuple[int | None, Consumed, Consumed]:
-    """The fused stream's last committed batch, each table pinned in ``versions`` where that batch left it,
-    and what silver and gold then held of bronze and silver: all of it, at those versions.
+def _fused_batch(spark: SparkSession, lakehouse: Lakehouse, versions: dict, batches: dict, fused: Stream) -> int | None:
+    """The fused stream's last committed batch, each table pinned in ``versions`` where that batch left it:
+    silver then holds all of bronze, and gold all of silver, at those versions.
 
     Before its first batch (the tables as the layered streams or a reset left them, whole), each table is
     pinned where it is now, gold first.
     """
-    checkpoint = lakehouse.checkpoint(FUSED.name)
+    checkpoint = lakehouse.checkpoint(fused.name)
     batch = checkpoints.last_committed_batch(spark, checkpoint)
     recorded = recorded_sink_versions(spark, checkpoint, batch)
-    for name in reversed(FUSED.sinks):
+    for name in reversed(fused.sinks):
         versions[name] = recorded.get(name, latest_snapshot(spark, lakehouse.table(name)).version())
-    batches[FUSED.name] = batch
-    return batch, Consumed(versions[BRONZE]), Consumed(versions[SILVER])
+    batches[fused.name] = batch
+    return batch
 
 
 def _consumed_at(
@@ -306,11 +325,11 @@ def _consumed_at(
     return read(None if batch is None else checkpoints.batch_offsets(spark, checkpoint, batch))
 
 
-def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: str, otherwise: Consumed) -> Consumed:
+def _rebuilt_from(spark: SparkSession, lakehouse: Lakehouse, stream: Stream, otherwise: Consumed) -> Consumed:
     # Tables rebuilt by a reset hold their source through the version they were built from, before the stream's
     # first batch.
-    stream_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint(stream), stream)
-    start = None if stream_id is None else rebuild.starting_version(spark, lakehouse, STREAMS[stream], stream_id)
+    stream_id = checkpoints.read_stream_id(spark, lakehouse.checkpoint(stream.name), stream.name)
+    start = None if stream_id is None else rebuild.starting_version(spark, lakehouse, stream, stream_id)
     return otherwise if start is None else Consumed(start - 1)
 
 
@@ -334,12 +353,13 @@ def _kafka_start(
     kafka_end: dict[Partition, int],
     log_start: dict[Partition, int],
     reader: str = "bronze",
+    dataset: Dataset = EVENTS_DATASET,
 ) -> dict[Partition, int]:
     if bound.since_ms is not None:
         return offsets_for_time(config, sorted(kafka_end), bound.since_ms)
     if bound.last_batches is None or bronze_batch is None or bronze_batch - bound.last_batches < 0:
-        recorded = recorded_sources(spark, lakehouse)
-        first = first_offsets(spark, lakehouse, recorded.topic_ids) if recorded is not None else {}
+        recorded = recorded_sources(spark, lakehouse, dataset)
+        first = first_offsets(spark, lakehouse, recorded.topic_ids, dataset) if recorded is not None else {}
         # Once retention deleted records past it, Kafka's first record is where the audit starts.
         return {tp: offset for tp, offset in first.items() if offset > log_start.get(tp, offset)}
     before = bronze_batch - bound.last_batches

@@ -33,6 +33,7 @@ class Finding(StrEnum):
     QUARANTINE_ROWS_NOT_AS_PARSED_FROM_BRONZE = "quarantine_rows_not_as_parsed_from_bronze"
     # silver -> gold.
     GOLD_WINDOWS_NOT_MATCHING_SILVER = "gold_windows_not_matching_silver"
+    GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER = "gold_distinct_values_not_matching_silver"
     GOLD_NOT_AUDITED = "gold_not_audited_its_last_batch_ended_inside_a_silver_version"
     # gold -> each egress.
     EGRESS_NOT_AUDITED = f"{EGRESS}_not_audited_its_last_batch_ended_inside_a_gold_version"

@@ -27,14 +27,16 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..bronze import with_topic_ids
-from ..config import Config
+from ..config import Config, duration_seconds
 from ..contract import WINDOW_START, Contract
-from ..dataset import Dataset
+from ..dataset import Aggregate, AggregateKind, Dataset, Gold
+from ..datasets import DATASETS, config_of
 from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
-from ..delta.tables import BRONZE, GOLD, KAFKA_KEY_COLUMNS, QUARANTINE, SILVER, Lakehouse, check_schema, table_schemas
+from ..dedup import mark_business_key_duplicates
+from ..delta.tables import KAFKA_KEY_COLUMNS, Lakehouse, check_schema, declared_gold, table_schemas
 from ..egress import GOLD_VERSION, configured
-from ..gold import window_aggregates
+from ..gold import distinct_values, window_aggregates, window_of
 from ..kafka import retention
 from ..kafka.clients import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
 from ..kafka.identity import recorded_compacted
@@ -94,23 +96,25 @@ def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut, topic
 def run_audit(
     spark: SparkSession, config: Config, dataset: Dataset = EVENTS_DATASET, bound: Bound | None = None
 ) -> AuditReport:
-    """Reconcile the lakehouse of ``config`` with Kafka at a cut of the (perhaps running) pipeline.
+    """Reconcile ``dataset``'s tables with its Kafka topics at a cut of the (perhaps running) pipeline.
 
-    Gold is recomputed from silver by ``dataset``'s contract; ``bound`` narrows the audit to bronze's
-    last batches or to records since a time.
+    Each of its golds is recomputed from silver as its stream had read it; ``bound`` narrows the audit
+    to bronze's last batches or to records since a time. The egresses, which publish the first
+    dataset's first gold, are audited with that dataset.
 
     Example::
 
         run_audit(spark, config, bound=Bound(last_batches=20)).clean
     """
     bound = Bound() if bound is None else bound
+    config = config_of(config, dataset)
     lakehouse = Lakehouse(config.lakehouse_root)
     contract, schemas = dataset.contract, table_schemas(dataset)
-    egresses = configured(config)
-    cut = take_cut(spark, config, lakehouse, bound, tuple(egresses))
+    egresses = configured(config) if dataset.name == DATASETS[0].name else {}
+    cut = take_cut(spark, config, lakehouse, bound, tuple(egresses), dataset)
 
     def table(name: str, read: Consumed | None = None) -> DataFrame:
-        version = cut.versions[name] if read is None else read.whole
+        version = cut.versions.get(name) if read is None else read.whole
         reader = spark.read.format("delta")
         if version is not None and version >= 0:
             # Pinned: every query of the audit sees the same version, whatever commits meanwhile.
@@ -122,27 +126,25 @@ def run_audit(
         return rows.where(F.lit(False)) if version is not None and version < 0 else rows
 
     # In layer order: a lakehouse of another contract is named by its first table that differs.
-    tables = {name: table(name) for name in (BRONZE, SILVER, QUARANTINE, GOLD)}
+    layers = (dataset.bronze, dataset.silver, dataset.quarantine)
+    tables = {name: table(name) for name in (*layers, *(dataset.gold_table(gold) for gold in dataset.golds))}
     topic_ids = describe_sources(config, list(config.kafka.topics), cluster=False).topic_ids
     in_range = cut.rows_in_range(topic_ids)
-    bronze, silver, quarantine = (in_range(tables[name]) for name in (BRONZE, SILVER, QUARANTINE))
-    windows = touched_windows(in_range(table(SILVER, cut.gold_read)), config.gold_window, contract, bound.whole)
-    gold_exact = cut.gold_read.exact
+    bronze, silver, quarantine = (in_range(tables[name]) for name in layers)
     kafka = committed_kafka_records(spark, config, cut, topic_ids)
     # Compacted now, or found compacted by bronze before (a policy set back since): Kafka may have removed
     # records bronze holds, as compaction does.
     compacted_now = compacted_topics(config, list(topic_ids))
-    compacted = compacted_now | (recorded_compacted(spark, lakehouse) & set(topic_ids))
+    compacted = compacted_now | (recorded_compacted(spark, lakehouse, dataset) & set(topic_ids))
     report = reconcile(
         kafka,
         bronze,
         silver,
         quarantine,
-        windows(tables[GOLD], WINDOW_START) if gold_exact else None,
+        None,
         config.gold_window,
         contract,
-        bronze_read=in_range(table(BRONZE, cut.silver_read)),
-        silver_read=windows(table(SILVER, cut.gold_read), contract.event_time),
+        bronze_read=in_range(table(dataset.bronze, cut.silver_read)),
         compacted=compacted,
         kafka_log_start=cut.kafka_log_start,
     )
@@ -157,27 +159,124 @@ def run_audit(
         report.warnings[Finding.COMPACTED_TOPICS_ACCEPTED] = len(accepted)
     if undeclared:
         report.errors[Finding.COMPACTED_TOPICS_NOT_DECLARED] = len(undeclared)
-    lost = retention.lost_offsets(spark, lakehouse)
+    lost = retention.lost_offsets(spark, lakehouse, dataset)
     if lost:
         # Kafka deleted them before bronze read them, and someone accepted it (kafka/retention.py): reported
         # as offsets, since the records are gone and some offsets were transaction markers.
         report.warnings[Finding.KAFKA_OFFSETS_ACCEPTED_AS_LOST] = lost
-    # A check the audit cannot make fails the verdict. Gold and the egresses read whole versions
-    # (WHOLE_VERSIONS), so a batch ending inside one is a checkpoint written otherwise (without that
-    # setting, or by hand): the stream's next batch moves past it.
-    if not gold_exact:
-        report.errors[Finding.GOLD_NOT_AUDITED] = 1
-    report.errors.update(compare_content(kafka, bronze, silver, quarantine, contract))
+    # A business key's first record may lie before a bounded range: silver's rows outside it were kept there.
+    kept_before = None if bound.whole else _outside(tables[dataset.silver], silver)
+    report.errors.update(compare_content(kafka, bronze, silver, quarantine, dataset=dataset, kept_before=kept_before))
+    # Each gold against silver as its stream had read it. A check the audit cannot make fails the verdict:
+    # gold and the egresses read whole versions (WHOLE_VERSIONS), so a batch ending inside one is a
+    # checkpoint written otherwise (without that setting, or by hand): the stream's next batch moves past it.
+    report.errors[Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER] = 0
+    report.errors[Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER] = 0
+    report.counts["gold_windows"] = 0
+    for gold in dataset.golds:
+        read = cut.gold_reads[gold.name]
+        if not read.exact:
+            report.errors[Finding.GOLD_NOT_AUDITED] = report.errors.get(Finding.GOLD_NOT_AUDITED, 0) + 1
+            continue
+        window = window_of(gold, config.gold_window)
+        silver_then = table(dataset.silver, read)
+        windows = touched_windows(in_range(silver_then), window, contract, bound.whole)
+        values = {
+            aggregate.column: windows(table(dataset.values_table(gold, aggregate)), WINDOW_START)
+            for aggregate in gold.aggregates
+            if aggregate.kind is AggregateKind.DISTINCT
+        }
+        found = check_gold(
+            windows(tables[dataset.gold_table(gold)], WINDOW_START),
+            windows(silver_then, contract.event_time),
+            window,
+            contract,
+            gold,
+            values,
+        )
+        for name, count in found.items():
+            (report.counts if name == "gold_windows" else report.errors)[name] += count
+        if len(dataset.golds) > 1:
+            report.counts.update({f"{dataset.gold_table(gold)}_{name}": count for name, count in found.items()})
     for name, module in egresses.items():
         read = cut.egress_read[name]
         if not read.exact:
             report.errors[Finding.EGRESS_NOT_AUDITED.of(name)] = 1
             continue
-        gold_then, gold_now = windows(table(GOLD, read), WINDOW_START), windows(tables[GOLD], WINDOW_START)
+        published = dataset.gold_table(dataset.golds[0])
+        # Gold's windows the bounded records touched, as the first gold's check reads them.
+        silver_then = table(dataset.silver, cut.gold_read)
+        windows = touched_windows(
+            in_range(silver_then), window_of(dataset.golds[0], config.gold_window), contract, bound.whole
+        )
+        gold_then, gold_now = windows(table(published, read), WINDOW_START), windows(tables[published], WINDOW_START)
         mirror = windows(module.read_back(spark, config), WINDOW_START)
         reconcile_egress(report, name, mirror, gold_then, contract, through=read.whole, gold_now=gold_now)
         report.errors.update(module.audit_errors(spark, config))
     return report
+
+
+def _outside(rows: DataFrame, in_range: DataFrame) -> DataFrame:
+    """``rows`` whose Kafka record is not among ``in_range``'s."""
+    return rows.join(in_range.select(*KAFKA_KEY_COLUMNS), KAFKA_KEY_COLUMNS, "left_anti")
+
+
+# How far an approximate distinct count may be from the exact count, relative to it: three standard errors
+# of Spark's HyperLogLog sketch at its lgConfigK of 12 (about 1.6 % each), rounded up to whole values.
+APPROX_DISTINCT_TOLERANCE = 0.05
+
+
+def check_gold(
+    gold_rows: DataFrame,
+    silver_rows: DataFrame,
+    window_duration: str,
+    contract: Contract,
+    gold: Gold | None = None,
+    values: dict[str, DataFrame] | None = None,
+) -> dict[str, int]:
+    """Gold against silver, in one Spark job: ``gold_windows`` (the rows), the rows that differ from
+    ``silver_rows`` aggregated again (an approximate distinct count may be off by ``APPROX_DISTINCT_TOLERANCE``
+    of the exact count), and the rows of each exact distinct count's table of values (``values``, by
+    column) that differ from silver's distinct values.
+
+    Example::
+
+        check_gold(gold, silver, "10 minutes", ORDERS, by_shop, {"customer_distinct": values})
+    """
+    gold = declared_gold(contract, gold)
+    values = values or {}
+    wanted = {a.column for a in gold.aggregates if a.kind is AggregateKind.DISTINCT}
+    if set(values) != wanted:
+        raise ValueError(f"values must hold the tables of values of {sorted(wanted)}, not {sorted(values)}")
+    # The exact count stands in for the estimate, which is then compared within the tolerance.
+    exact = Gold(
+        gold.name,
+        tuple(
+            Aggregate(AggregateKind.DISTINCT, a.field, a.column) if a.kind is AggregateKind.APPROX_DISTINCT else a
+            for a in gold.aggregates
+        ),
+        gold.dimensions,
+        gold.window,
+    )
+    expected = window_aggregates(silver_rows, window_duration, contract, exact)
+    checks = {
+        "gold_windows": gold_rows,
+        Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER: _gold_differences(expected, gold_rows.select(*gold.columns), gold),
+    }
+    if values:
+        held = distinct_values(silver_rows, window_duration, contract, gold)
+        differing = [
+            _symmetric_difference(held[column], rows.select(*held[column].columns)) for column, rows in values.items()
+        ]
+        checks[Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER] = reduce(DataFrame.unionByName, differing)
+    found = count_rows(checks)
+    found.setdefault(Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER, 0)
+    return found
+
+
+def _symmetric_difference(expected: DataFrame, found: DataFrame) -> DataFrame:
+    # exceptAll compares nulls as equal: an optional dimension's null is a value of its own.
+    return expected.exceptAll(found).unionByName(found.exceptAll(expected))
 
 
 def reconcile_egress(
@@ -211,7 +310,7 @@ def reconcile_egress(
                 _without(rows, in_flight, contract.gold_key)
                 for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
             )
-        checks[not_matching] = _gold_differences(mirror.select(*columns), gold, contract)
+        checks[not_matching] = _gold_differences(mirror.select(*columns), gold, declared_gold(contract, None))
         counted = count_rows(checks)
     finally:
         read_back.unpersist()
@@ -225,26 +324,46 @@ def _without(rows: DataFrame, keys: DataFrame, key: tuple[str, ...]) -> DataFram
     return rows.alias("r").join(keys.alias("k"), same, "left_anti").select("r.*")
 
 
-def _gold_differences(expected: DataFrame, gold: DataFrame, contract: Contract) -> DataFrame:
-    """Gold rows missing, unexpected or with other counts or sums than the recomputation."""
+def _gold_differences(expected: DataFrame, gold_rows: DataFrame, gold: Gold) -> DataFrame:
+    """Rows of ``gold`` missing, unexpected or with other values than the recomputation ``expected``; an
+    approximate distinct count against the exact one, within ``APPROX_DISTINCT_TOLERANCE``."""
     # Null-safe throughout: an optional dimension's null is a value of its own.
-    same_key = reduce(
-        lambda left, right: left & right, [F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in contract.gold_key]
-    )
-    differs = reduce(
-        lambda left, right: left | right,
-        [~F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in contract.gold_values],
-    )
-    return expected.alias("e").join(gold.alias("g"), same_key, "full_outer").where(differs)
+    same_key = reduce(lambda left, right: left & right, [F.col(f"e.{c}").eqNullSafe(F.col(f"g.{c}")) for c in gold.key])
+    differs = [
+        ~F.col(f"e.{a.column}").eqNullSafe(F.col(f"g.{a.column}"))
+        for a in gold.aggregates
+        if a.kind is not AggregateKind.APPROX_DISTINCT
+    ]
+    differs += [
+        F.coalesce(
+            F.abs(F.col(f"e.{a.column}") - F.col(f"g.{a.column}"))
+            > F.ceil(F.col(f"e.{a.column}") * APPROX_DISTINCT_TOLERANCE),
+            F.lit(True),
+        )
+        for a in gold.aggregates
+        if a.kind is AggregateKind.APPROX_DISTINCT
+    ]
+    joined = expected.alias("e").join(gold_rows.alias("g"), same_key, "full_outer")
+    return joined.where(reduce(lambda left, right: left | right, differs))
 
 
 def compare_content(
-    kafka: DataFrame, bronze: DataFrame, silver: DataFrame, quarantine: DataFrame, contract: Contract = EVENTS
+    kafka: DataFrame,
+    bronze: DataFrame,
+    silver: DataFrame,
+    quarantine: DataFrame,
+    contract: Contract = EVENTS,
+    *,
+    dataset: Dataset | None = None,
+    kept_before: DataFrame | None = None,
 ) -> dict[str, int]:
     """Content, not only coordinates: bronze's key and value against Kafka's, silver and quarantine parsed again.
 
     A record rewritten in place (a table edited by hand, a bad repair) keeps its coordinates,
-    so the coordinate checks cannot see it.
+    so the coordinate checks cannot see it. With ``dataset`` (its contract, instead of ``contract``) and
+    its business key, bronze's records are judged again as silver judged them: the first of each key kept,
+    the others quarantined naming it; ``kept_before`` holds silver's rows kept before these records (a
+    bounded audit's records outside its range).
 
     Example::
 
@@ -253,12 +372,15 @@ def compare_content(
     missing = {"key", "value"} - set(kafka.columns)
     if missing:
         raise ValueError(f"kafka must hold the records' key and value; missing {sorted(missing)}")
+    contract = contract if dataset is None else dataset.contract
 
     def digests(rows: DataFrame) -> DataFrame:
         return rows.select(*KAFKA_KEY_COLUMNS, F.xxhash64("key", "value").alias("digest"))
 
     in_kafka = digests(kafka).withColumnRenamed("digest", "kafka_digest")
     reparsed = parse_events(first_per_kafka_record(bronze), contract)
+    if dataset is not None and dataset.dedup_key:
+        reparsed = judged_duplicates(reparsed, dataset, kept_before)
     return count_rows(
         {
             Finding.BRONZE_RECORDS_NOT_AS_IN_KAFKA: digests(bronze)
@@ -267,6 +389,26 @@ def compare_content(
             Finding.SILVER_ROWS_NOT_AS_PARSED_FROM_BRONZE: _not_in(silver, valid_events(reparsed, contract)),
             Finding.QUARANTINE_ROWS_NOT_AS_PARSED_FROM_BRONZE: _not_in(quarantine, quarantined_records(reparsed)),
         }
+    )
+
+
+def judged_duplicates(reparsed: DataFrame, dataset: Dataset, kept_before: DataFrame | None = None) -> DataFrame:
+    """``reparsed`` with each record whose business key a record kept before it has marked as a duplicate,
+    as silver marks it (``dedup.mark_business_key_duplicates``); ``kept_before``: silver's rows kept earlier.
+
+    Example::
+
+        judged_duplicates(parse_events(bronze, ORDERS.contract), ORDERS)
+    """
+    if not isinstance(dataset, Dataset) or not dataset.dedup_key:
+        raise ValueError(f"dataset must be a Dataset with a dedup_key, not {dataset!r}")
+    held_columns = [*KAFKA_KEY_COLUMNS, "ingest_time", *dataset.dedup_key, dataset.contract.event_time]
+    held = reparsed.where(F.lit(False)).select(*held_columns) if kept_before is None else kept_before
+    horizon_s = None
+    if dataset.dedup_horizon is not None:
+        horizon_s = duration_seconds(dataset.dedup_horizon, f"dataset {dataset.name}: dedup_horizon")
+    return mark_business_key_duplicates(
+        reparsed, held.select(*held_columns), dataset.dedup_key, dataset.contract.event_time, horizon_s
     )
 
 
@@ -424,11 +566,9 @@ def reconcile(
         report.errors = {finding: sums[finding] for finding in summed}
         report.errors[Finding.BRONZE_RECORDS_NOT_COMMITTED_IN_KAFKA] = not_committed
         if gold is not None:
-            expected = window_aggregates(silver if silver_read is None else silver_read, window_duration, contract)
-            not_matching = Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER
-            gold_counts = count_rows({"gold_windows": gold, not_matching: _gold_differences(expected, gold, contract)})
-            report.counts["gold_windows"] = gold_counts["gold_windows"]
-            report.errors[not_matching] = gold_counts[not_matching]
+            found = check_gold(gold, silver if silver_read is None else silver_read, window_duration, contract)
+            report.counts["gold_windows"] = found["gold_windows"]
+            report.errors[Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER] = found[Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER]
         report.warnings = {
             # Not a loss (quarantine keeps them), but gold no longer grows: a producer changed its events.
             Finding.NEWEST_RECORDS_MOSTLY_QUARANTINED: (

@@ -5,13 +5,20 @@ its topics in a ``[dataset_<name>]`` table of each environment's config (docs/da
 it through). The first dataset reads ``kafka.topics``.
 """
 
+import os
 from collections.abc import Mapping
 
 from ..config import DATASET_PREFIX, Config, ConfigError, KafkaConfig, dataset_kafka
 from ..dataset import Dataset, Naming
+{%- if cookiecutter.example_dataset == "orders" %}
+from . import events, orders
+
+DATASETS: tuple[Dataset, ...] = (events.DATASET, orders.DATASET)
+{%- else %}
 from . import events
 
 DATASETS: tuple[Dataset, ...] = (events.DATASET,)
+{%- endif %}
 
 
 def dataset(name: str) -> Dataset:
@@ -103,7 +110,8 @@ def kafka_of(
     environ: Mapping[str, str] | None = None,
     datasets: tuple[Dataset, ...] = DATASETS,
 ) -> KafkaConfig:
-    """The Kafka section as ``declared``, one of ``datasets``, reads it (``datasets_kafka``).
+    """The Kafka section as ``declared``, one of ``datasets``, reads it (``datasets_kafka``); ConfigError
+    when the config does not run it.
 
     Example::
 
@@ -113,23 +121,40 @@ def kafka_of(
         raise TypeError(f"declared must be a Dataset, not {type(declared).__name__}")
     found = datasets_kafka(config, environ, datasets)
     if declared.name not in found:
-        raise ValueError(f"dataset {declared.name} is not one of {', '.join(found)}")
+        section = DATASET_PREFIX + declared.name
+        if section not in config.dataset_sections:
+            raise ConfigError(f"{section}: missing: dataset {declared.name} runs where this table names its topics")
+        raise ConfigError(f"{SWITCH_VAR}: leaves dataset {declared.name} out")
     return found[declared.name]
+
+
+def running(config: Config, environ: Mapping[str, str] | None = None) -> tuple[Dataset, ...]:
+    """The project's datasets ``config`` runs, in declaration order (``datasets_kafka``).
+
+    Example::
+
+        [each.name for each in running(config)]  # ["events", "orders"]
+    """
+    found = datasets_kafka(config, environ)
+    return tuple(each for each in DATASETS if each.name in found)
 
 
 def datasets_kafka(
     config: Config, environ: Mapping[str, str] | None = None, datasets: tuple[Dataset, ...] = DATASETS
 ) -> dict[str, KafkaConfig]:
-    """The Kafka section as each of ``datasets`` reads it, by name: ``[kafka]`` itself for the dataset of
-    the lakehouse's first names (``Naming.SOLE``), else with the topics of its ``[dataset_<name>]`` table
-    (overrides from ``environ``, default os.environ). ConfigError names a table of no dataset, a dataset
-    without its table, or a topic two datasets read: every command checks them before it starts.
+    """The Kafka section as each of ``datasets`` the config runs reads it, by name: ``[kafka]`` itself for
+    the dataset of the lakehouse's first names (``Naming.SOLE``), which always runs; another runs where
+    the config has its ``[dataset_<name>]`` table, read with the overrides ``environ`` holds (default
+    os.environ). ``PIPELINE_DATASETS`` narrows the tables that count: ``none``, or a comma-separated list
+    of dataset names. ConfigError names a table of no dataset, a dataset named there without its table,
+    or a topic two datasets read: every command checks them before it starts.
 
     Example::
 
-        sorted(datasets_kafka(config))  # ["events"]
+        sorted(datasets_kafka(config))  # ["events", "orders"]
     """
     check_apart(datasets)
+    environ = os.environ if environ is None else environ
     tables = {DATASET_PREFIX + each.name: each for each in datasets if each.naming is not Naming.SOLE}
     for section in config.dataset_sections:
         if section not in tables:
@@ -137,13 +162,40 @@ def datasets_kafka(
                 f"{section}: unknown section: no dataset of this project reads its topics from it "
                 f"(its dataset sections: {', '.join(tables) or 'none'})"
             )
+    chosen = _chosen(datasets, environ)
     readers: dict[str, str] = {}
     found = {}
     for each in datasets:
-        kafka = config.kafka if each.naming is Naming.SOLE else dataset_kafka(config, each.name, environ)
+        if each.naming is Naming.SOLE:
+            kafka = config.kafka
+        elif DATASET_PREFIX + each.name in config.dataset_sections and (chosen is None or each.name in chosen):
+            kafka = dataset_kafka(config, each.name, environ)
+        elif chosen is not None and each.name in chosen:
+            raise ConfigError(f"{DATASET_PREFIX}{each.name}: missing: {SWITCH_VAR} names dataset {each.name}")
+        else:
+            continue
         for topic in kafka.topics:
             if readers.setdefault(topic, each.name) != each.name:
                 shared = f"topic {topic} is dataset {readers[topic]}'s already: a topic feeds one dataset"
                 raise ConfigError(f"{topics_key(each)}: {shared}")
         found[each.name] = kafka
     return found
+
+
+# Narrows the datasets a config runs (``datasets_kafka``), as PIPELINE_EGRESS narrows the egresses.
+SWITCH_VAR = "PIPELINE_DATASETS"
+
+
+def _chosen(datasets: tuple[Dataset, ...], environ: Mapping[str, str]) -> set[str] | None:
+    """The dataset names PIPELINE_DATASETS lets run besides the first's; None when it is unset."""
+    value = environ.get(SWITCH_VAR, "").strip()
+    if not value:
+        return None
+    if value == "none":
+        return set()
+    names = {name.strip() for name in value.split(",") if name.strip()}
+    unknown = sorted(names - {each.name for each in datasets})
+    if unknown:
+        known = ", ".join(each.name for each in datasets)
+        raise ConfigError(f"{SWITCH_VAR}: {', '.join(unknown)}: no such dataset (the project's: {known}; or none)")
+    return names

@@ -1,0 +1,62 @@
+"""The orders dataset: the shop's orders, an example of a second dataset beside the events.
+
+Its topics are named in ``[dataset_orders]`` of each environment's config (conf/<env>.toml). Each
+record's value is a JSON object {"order_id", "ordered_at" (ISO-8601 with offset), "shop",
+"customer", "total" (a JSON number, two decimals)}. A producer that retries sends an order again as a
+new Kafka record: silver keeps the first record of each ``order_id`` within a day of event time and
+quarantines the others as ``duplicate of <topic>/<partition>/<offset>``.
+
+Gold ``by_shop`` counts the orders of each shop per 10 minutes, with their total, the largest order,
+and the customers who ordered, exactly and as a HyperLogLog estimate; gold ``hourly`` counts all
+orders per hour, with the smallest order and the estimated customers. Tables ``bronze_orders``,
+``silver_orders``, ``quarantine_orders``, ``gold_orders_by_shop`` (and
+``gold_orders_by_shop_customer_distinct_values`` behind its exact count), ``gold_orders_hourly``;
+streams ``orders_bronze``, ``orders_silver``, ``orders_gold_by_shop``, ``orders_gold_hourly``.
+"""
+
+from ..contract import Contract, Field, Kind
+from ..dataset import Aggregate, AggregateKind, Dataset, Gold
+
+ORDERS = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("customer", Kind.STRING),
+        # Exact: a value that would need rounding is quarantined, never altered.
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+    ),
+    event_time="ordered_at",
+    dimensions=("shop",),
+    measures=("total",),
+)
+
+DATASET = Dataset(
+    name="orders",
+    contract=ORDERS,
+    golds=(
+        Gold(
+            "by_shop",
+            (
+                Aggregate(AggregateKind.COUNT),
+                Aggregate(AggregateKind.SUM, "total"),
+                Aggregate(AggregateKind.MAX, "total"),
+                Aggregate(AggregateKind.DISTINCT, "customer"),
+                Aggregate(AggregateKind.APPROX_DISTINCT, "customer"),
+            ),
+            dimensions=("shop",),
+            window="10 minutes",
+        ),
+        Gold(
+            "hourly",
+            (
+                Aggregate(AggregateKind.COUNT),
+                Aggregate(AggregateKind.MIN, "total"),
+                Aggregate(AggregateKind.APPROX_DISTINCT, "customer"),
+            ),
+            window="1 hour",
+        ),
+    ),
+    dedup_key=("order_id",),
+    dedup_horizon="1 day",
+)
