@@ -55,7 +55,7 @@ def check_apart(datasets: tuple[Dataset, ...]) -> None:
 
     Example::
 
-        check_apart((*DATASETS, orders.DATASET))
+        check_apart((*DATASETS, returns.DATASET))  # a module of a dataset being added
     """
     if not all(isinstance(declared, Dataset) for declared in datasets):
         raise ValueError(f"datasets must all be Datasets, got {[type(d).__name__ for d in datasets]}")
