@@ -14,7 +14,9 @@ from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import FUSED, GOLD_SCHEMA, STREAMS, TABLES
+from {{ cookiecutter.package_name }}.pipeline.dataset import DATASET_NAME_PATTERN
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD_SCHEMA
 from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.recovery import lease
@@ -230,8 +232,9 @@ CONFIGURATION_MD = Path(__file__).resolve().parent.parent / "docs" / "configurat
 
 
 def lakehouse_streams() -> list[str]:
-    """Every stream of this project that may hold a checkpoint: the layers, the fused stream, the egresses."""
-    return [*STREAMS, FUSED.name, *installed_names()]
+    """Every stream of this project that may hold a checkpoint: each dataset's layers and fused stream, the
+    egresses."""
+    return [*(name for each in DATASETS for name in (*each.streams, each.stream("fused"))), *installed_names()]
 
 
 def layout_block() -> str:
@@ -241,11 +244,13 @@ def layout_block() -> str:
 
 def documented_layout() -> list[list[str]]:
     """The paths under a lakehouse root that configuration.md's layout names, each as the patterns of its
-    parts: ``<stream>`` one of this project's streams, ``<table>`` one of its tables, ``<batch>`` a number."""
+    parts: ``<stream>`` one of this project's streams, ``<table>`` one of its tables, ``<dataset>`` a dataset's
+    name, ``<batch>`` a number."""
     block = layout_block()
     placeholders = {
         "<stream>": "|".join(map(re.escape, lakehouse_streams())),
-        "<table>": "|".join(map(re.escape, TABLES)),
+        "<table>": "|".join(re.escape(table) for each in DATASETS for table in each.tables),
+        "<dataset>": DATASET_NAME_PATTERN.pattern,
         "<batch>": r"\d+",
     }
 

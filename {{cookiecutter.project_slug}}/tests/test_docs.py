@@ -15,8 +15,9 @@ from {{ cookiecutter.package_name }}.bench import report
 from {{ cookiecutter.package_name }}.cli import build_parser
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import Settings
+from {{ cookiecutter.package_name }}.pipeline.dataset import Dataset
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
-from {{ cookiecutter.package_name }}.pipeline.delta.tables import TABLES, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import compacted_records
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import lost_records
@@ -333,13 +334,16 @@ def paths_the_code_makes() -> list[str]:
     root = "/root"
     lakehouse = Lakehouse(root)
     streams = lakehouse_streams()
+    tables = [table for each in DATASETS for table in each.tables]
+    # And a dataset beside the first, whichever the bake declares: where it keeps its sources.
+    beside = Dataset("returns", DATASETS[0].contract, DATASETS[0].golds)
     paths = [
-        *(lakehouse.table(table) for table in TABLES),
-        *(lakehouse.aside(table) for table in TABLES),
+        *(lakehouse.table(table) for table in tables),
+        *(lakehouse.aside(table) for table in tables),
         *(f"{lakehouse.checkpoint(stream)}/{SINK_VERSIONS}/0" for stream in streams),
         *(lease_path(lakehouse, stream, 1) for stream in streams),
-        f"{lost_records(lakehouse)}/a-gap.json",
-        f"{compacted_records(lakehouse)}/a-topic",
+        *(f"{lost_records(lakehouse, each)}/a-gap.json" for each in (*DATASETS, beside)),
+        *(f"{compacted_records(lakehouse, each)}/a-topic" for each in (*DATASETS, beside)),
     ]
     return [path.removeprefix(f"{root}/") for path in paths]
 
@@ -357,5 +361,7 @@ def test_the_layout_names_every_path_the_code_makes_and_no_other():
 
     invented = ["/".join(patterns) for patterns in documented_layout() if not made_under(patterns)]
     assert invented == [], "docs/configuration.md's layout names paths no code makes"
-    listed = re.search(r"each stream's checkpoint: ([a-z_, ]+)", layout_block()).group(1).split(", ")
-    assert sorted(listed) == sorted(lakehouse_streams())
+    # The first dataset's streams by name; the others' as `<dataset>_<layer>`.
+    listed = re.search(r"each stream's checkpoint: ([a-z_, ]+)", layout_block()).group(1).rstrip(", ").split(", ")
+    first = DATASETS[0]
+    assert sorted(listed) == sorted([*first.streams, first.stream("fused"), *installed_names()])
