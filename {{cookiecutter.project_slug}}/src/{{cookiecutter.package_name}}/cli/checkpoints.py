@@ -355,8 +355,14 @@ def accept_loss(
         accept_loss(config, yes=True, make_spark=lambda config: spark)  # 0
     """
     spark = make_spark(config)
+    return _each_dataset(config, dataset_name, lambda declared: _accept_loss_of(config, yes, spark, declared))
+
+
+def _each_dataset(config: Config, dataset_name: str | None, action: Callable[[Dataset], int]) -> int:
+    """``action`` on dataset ``dataset_name``, or on each dataset the config runs in turn, up to the first
+    that does not exit 0; its exit code."""
     for declared in datasets_of(config, dataset_name):
-        code = _accept_loss_of(config, yes, spark, declared)
+        code = action(declared)
         if code != ExitCode.OK:
             return code
     return ExitCode.OK
@@ -420,11 +426,7 @@ def drop_bronze_copies(
         drop_bronze_copies(config, yes=True, make_spark=lambda: spark)  # 0
     """
     spark = make_spark()
-    for declared in datasets_of(config, dataset_name):
-        code = _drop_bronze_copies_of(config, yes, spark, declared)
-        if code != ExitCode.OK:
-            return code
-    return ExitCode.OK
+    return _each_dataset(config, dataset_name, lambda declared: _drop_bronze_copies_of(config, yes, spark, declared))
 
 
 def _drop_bronze_copies_of(config: Config, yes: bool, spark, declared: Dataset) -> int:
