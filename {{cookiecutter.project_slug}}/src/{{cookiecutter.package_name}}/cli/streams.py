@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..pipeline.config import Config, ConfigError
+from ..pipeline.dataset import Dataset
 from ..pipeline.datasets import DATASETS
 from ..pipeline.egress import installed_names
 from .connect import connect, spark_session
@@ -46,7 +47,7 @@ def add_dataset_argument(parser: argparse.ArgumentParser, help_text: str) -> Non
     parser.add_argument("--dataset", choices=[each.name for each in DATASETS], help=help_text)
 
 
-def datasets_of(config: Config, name: str | None) -> tuple:
+def datasets_of(config: Config, name: str | None) -> tuple[Dataset, ...]:
     """The datasets a command works on: dataset ``name``, refused (ConfigError naming its table) where the
     config does not run it; without a name, every dataset the config runs.
 
@@ -76,23 +77,19 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
     from ..pipeline.delta.tables import dataset_streams, fused_stream
     from ..pipeline.egress import configured
     from ..pipeline.fused import check_runs
-    from ..pipeline.streams import stream_names
 
     if layer in installed_names():
         return (layer,)
     datasets = datasets_of(config, dataset)
-    egresses = tuple(configured(config)) if layer == "all" and DATASETS[0] in datasets else ()
+    fused = layer == "fused" or (layer == "all" and config.mode is Mode.FUSED)
     names = []
     for each in datasets:
-        if layer == "all":
-            if config.mode is Mode.FUSED:
-                check_runs(each)
-            names.extend(name for name in stream_names(config, each) if name not in configured(config))
-        elif layer == "fused":
+        if fused:
             check_runs(each)
             names.append(fused_stream(each).name)
         else:
-            names.extend(name for name, stream in dataset_streams(each).items() if stream.layer == layer)
+            names.extend(name for name, stream in dataset_streams(each).items() if layer in ("all", stream.layer))
+    egresses = tuple(configured(config)) if layer == "all" and DATASETS[0] in datasets else ()
     return (*names, *egresses)
 
 
@@ -303,12 +300,13 @@ def show(config: Config, args: argparse.Namespace) -> int:
             _show_egress(egress_config, name, args.limit)
             continue
         for declared in datasets:
-            layers = {"bronze": [declared.bronze], "silver": [declared.silver], "quarantine": [declared.quarantine]}
-            for gold in declared.golds if name == "gold" else ():
+            if name != "gold":
+                table_name = {"bronze": declared.bronze, "silver": declared.silver, "quarantine": declared.quarantine}
+                _show_table(config, table_name[name], KAFKA_KEY_COLUMNS, args.limit)
+                continue
+            for gold in declared.golds:
                 # A HyperLogLog sketch is bytes to merge, not to read: its estimate is shown beside it.
                 _show_table(config, declared.gold_table(gold), list(gold.key), args.limit, hidden=gold.sketches)
-            for table_name in layers.get(name, []):
-                _show_table(config, table_name, KAFKA_KEY_COLUMNS, args.limit)
     return ExitCode.OK
 
 
