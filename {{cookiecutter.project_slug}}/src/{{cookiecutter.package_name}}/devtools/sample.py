@@ -117,9 +117,9 @@ def _sample_value(field: Field, index: int, rng: random.Random, start: datetime,
 
 
 def _json_object(values: dict) -> bytes:
-    # A decimal is written as its exact text, a JSON number: json.dumps would go through a float.
+    # A decimal is written as its exact text in fixed point, a JSON number: json.dumps would go through a float.
     members = (
-        f"{json.dumps(name)}: {value if isinstance(value, Decimal) else json.dumps(value)}"
+        f"{json.dumps(name)}: {f'{value:f}' if isinstance(value, Decimal) else json.dumps(value)}"
         for name, value in values.items()
     )
     return ("{" + ", ".join(members) + "}").encode()
