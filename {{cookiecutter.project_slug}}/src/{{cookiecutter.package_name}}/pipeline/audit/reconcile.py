@@ -21,7 +21,7 @@ someone accepted as lost (kafka/retention.py) as a warning.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cache, reduce
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -173,6 +173,14 @@ def run_audit(
     report.errors[Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER] = 0
     report.errors[Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER] = 0
     report.counts["gold_windows"] = 0
+
+    @cache
+    def windows_of(gold: Gold):
+        # The windows of ``gold`` the bounded records touched, in silver as its stream had read it: one job
+        # per gold, for its own check and the egresses' of the first gold.
+        silver_read = in_range(table(dataset.silver, cut.gold_reads[gold.name]))
+        return touched_windows(silver_read, window_of(gold, config.gold_window), contract, bound.whole)
+
     for gold in dataset.golds:
         read = cut.gold_reads[gold.name]
         if not read.exact:
@@ -180,7 +188,7 @@ def run_audit(
             continue
         window = window_of(gold, config.gold_window)
         silver_then = table(dataset.silver, read)
-        windows = touched_windows(in_range(silver_then), window, contract, bound.whole)
+        windows = windows_of(gold)
         values = {
             aggregate.column: windows(table(dataset.values_table(gold, aggregate)), WINDOW_START)
             for aggregate in gold.aggregates
@@ -203,12 +211,7 @@ def run_audit(
         if not read.exact:
             report.errors[Finding.EGRESS_NOT_AUDITED.of(name)] = 1
             continue
-        published = dataset.gold_table(dataset.golds[0])
-        # Gold's windows the bounded records touched, as the first gold's check reads them.
-        silver_then = table(dataset.silver, cut.gold_read)
-        windows = touched_windows(
-            in_range(silver_then), window_of(dataset.golds[0], config.gold_window), contract, bound.whole
-        )
+        published, windows = dataset.gold_table(dataset.golds[0]), windows_of(dataset.golds[0])
         gold_then, gold_now = windows(table(published, read), WINDOW_START), windows(tables[published], WINDOW_START)
         mirror = windows(module.read_back(spark, config), WINDOW_START)
         reconcile_egress(report, name, mirror, gold_then, contract, through=read.whole, gold_now=gold_now)
