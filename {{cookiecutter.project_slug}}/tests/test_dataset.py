@@ -17,7 +17,6 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     dataset_streams,
     fused_stream,
 )
-from {{ cookiecutter.package_name }}.pipeline.fused import check_runs
 
 ORDERS = Contract(
     fields=(
@@ -99,16 +98,6 @@ def test_the_first_dataset_keeps_the_names_of_a_lakehouse_of_one_dataset():
     second = Gold("by_user", (COUNT,), ("user_id",))
     two_golds = Dataset("events", EVENTS, (events.golds[0], second), naming=Naming.SOLE)
     assert two_golds.gold_stream(second) == "gold_by_user"
-
-
-def test_the_fused_mode_runs_the_events_dataset_and_refuses_another_before_it_starts():
-    events = DATASETS[0]
-    check_runs(events)
-    with pytest.raises(ValueError, match="the fused mode runs the events dataset's tables.*not dataset orders"):
-        check_runs(orders())
-    with_key = Dataset("events", EVENTS, events.golds, dedup_key=("event_id",), naming=Naming.SOLE)
-    with pytest.raises(ValueError, match="no dedup_key; not dataset events"):
-        check_runs(with_key)
 
 
 def test_a_dataset_is_found_by_name_and_an_unknown_name_lists_the_known():

@@ -73,7 +73,7 @@ def test_the_runbook_lists_every_command_with_every_flag_and_choice_and_no_other
             assert flag in flags, f"runbook.md: `{name}` is listed with {flag}, which it does not take"
         # Datasets are the project's own (datasets/): `--dataset NAME` stands for their names, and a later
         # dataset's streams are listed as `<dataset>_<layer>`.
-        later = {name for each in DATASETS[1:] for name in each.streams}
+        later = {name for each in DATASETS[1:] for name in (*each.streams, each.stream("fused"))}
         for action in (action for action in parser._actions if action.dest != "dataset"):
             for choice in set(action.choices or ()) - later:
                 assert f"{choice}" in entries[path], f"runbook.md: `{name}` takes {choice!r}, not listed"

@@ -15,8 +15,6 @@ from ..pipeline.config import Config, Mode, duration_seconds
 from ..pipeline.dataset import Dataset
 from ..pipeline.datasets import DATASETS, owner, running
 from ..pipeline.delta.tables import (
-    FUSED,
-    LAYERS,
     Lakehouse,
     Layer,
     Stream,
@@ -51,7 +49,8 @@ def register(commands) -> None:
     )
     reset = actions.add_parser("reset", help="reset a stream and everything downstream of it")
     layered = [name for each in DATASETS for name in each.streams]
-    reset.add_argument("stream", choices=[*layered, FUSED.name, *installed_names()])
+    fused = [each.stream("fused") for each in DATASETS]
+    reset.add_argument("stream", choices=[*layered, *fused, *installed_names()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
     reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
     reset.set_defaults(
@@ -65,9 +64,10 @@ def register(commands) -> None:
     )
     switch.add_argument("mode", choices=[mode.value for mode in Mode])
     switch.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
+    add_dataset_argument(switch, "the dataset whose tables change hands (default: every dataset)")
     switch.set_defaults(
         handler=lambda config, args: switch_mode(
-            config, Mode(args.mode), args.yes, lambda: spark_session(config, "checkpoints")
+            config, Mode(args.mode), args.yes, lambda: spark_session(config, "checkpoints"), args.dataset
         )
     )
 
@@ -203,10 +203,10 @@ def reset_checkpoints(
 
         reset_checkpoints(config, "gold", yes=True, make_spark=lambda: spark)  # 0
     """
-    if stream == FUSED.name:
-        return _reset_fused(config, yes, make_spark, only)
+    declared = owner(stream)  # the dataset of a layer's or a fused stream; None for an egress
+    if declared is not None and stream == declared.stream("fused"):
+        return _reset_fused(config, yes, make_spark, only, declared)
     lakehouse = Lakehouse(config.lakehouse_root)
-    declared = owner(stream)  # the dataset of a layer's stream; None for an egress
     # An egress has nothing downstream: its reset starts a new stream id that mirrors gold again.
     if declared is None:
         streams = [egress_stream(stream)]
@@ -264,79 +264,88 @@ def reset_checkpoints(
     return ExitCode.OK
 
 
-def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object], only: bool = False) -> int:
-    lakehouse = Lakehouse(config.lakehouse_root)
-    checkpoint = lakehouse.checkpoint(FUSED.name)
+def _reset_fused(config: Config, yes: bool, make_spark: Callable[[], object], only: bool, declared: Dataset) -> int:
+    lakehouse, name = Lakehouse(config.lakehouse_root), declared.stream("fused")
+    checkpoint = lakehouse.checkpoint(name)
     rebuild_tables = (
-        "rebuild silver and quarantine from bronze and gold from silver under the current event contract (one "
+        "rebuild silver and quarantine from bronze and each gold from silver under the current event contract (one "
         "commit replaces each table)"
     )
     if only:
         what = (
-            f"start the checkpoint {checkpoint} anew after the Kafka offsets bronze holds, silver and gold as they "
-            f"are when its last batch reached all four tables (else {rebuild_tables} first)"
+            f"start the checkpoint {checkpoint} anew after the Kafka offsets bronze holds, silver and the golds as "
+            f"they are when its last batch reached all of {declared.name}'s tables (else {rebuild_tables} first)"
         )
     else:
-        what = f"delete the checkpoint {checkpoint}, {rebuild_tables}, and start the fused stream after the Kafka "
+        what = f"delete the checkpoint {checkpoint}, {rebuild_tables}, and start {name} after the Kafka "
         what += "offsets bronze holds"
-    target = f"{FUSED.name}{' --only' if only else ''}"
+    target = f"{name}{' --only' if only else ''}"
     refused = confirmation(
         yes,
-        lambda: Refusal.RESET_UNCONFIRMED.message(FUSED.name, names=FUSED.name, what=what, target=target),
-        f"This will {what}.\nReset fused? ",
+        lambda: Refusal.RESET_UNCONFIRMED.message(name, names=name, what=what, target=target),
+        f"This will {what}.\nReset {name}? ",
         "nothing reset",
     )
     if refused is not None:
         return refused
     spark = make_spark()
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
+    held = [*declared.streams, name]
     try:
-        pipeline_streams.check_mode(spark, lakehouse, FUSED.name)
-        with holding(spark, lakehouse, [*LAYERS, FUSED.name], f"Then run `checkpoints reset {target}` again.", ttl_s):
-            pipeline_streams.check_mode(spark, lakehouse, FUSED.name)  # again: no layered stream starts from here on
-            with LiveLine(spark, "resetting fused" + ("" if only else ": rebuilding tables")):
+        pipeline_streams.check_mode(spark, lakehouse, name, declared)
+        with holding(spark, lakehouse, held, f"Then run `checkpoints reset {target}` again.", ttl_s):
+            pipeline_streams.check_mode(spark, lakehouse, name, declared)  # again: no layered stream starts now
+            with LiveLine(spark, f"resetting {name}" + ("" if only else ": rebuilding tables")):
                 if only:
-                    print(f"reset fused: {pipeline_streams.restart_fused(spark, config)}")
+                    print(f"reset {name}: {pipeline_streams.restart_fused(spark, config, declared)}")
                     return ExitCode.OK
-                done = pipeline_streams.reset_fused(spark, config)
+                done = pipeline_streams.reset_fused(spark, config, declared)
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
-        print(f"refusing to reset fused: {error}", file=sys.stderr)
+        print(f"refusing to reset {name}: {error}", file=sys.stderr)
         return ExitCode.REFUSED
     for each in done:
         rows = ", ".join(f"{table} {count} rows" for table, count in each.rows.items())
         print(f"{each.stream} rebuilt from {each.source} version {each.source_version}: {rows}")
-    print("reset fused; it resumes after the Kafka offsets bronze holds")
+    print(f"reset {name}; it resumes after the Kafka offsets bronze holds")
     return ExitCode.OK
 
 
-def switch_mode(config: Config, to: Mode, yes: bool, make_spark: Callable[[], object]) -> int:
-    """Hand the lakehouse over to the streams of mode ``to`` (``streams.switch_mode``); asks on a terminal,
-    needs ``yes`` otherwise. Refuses (exit 3) while any stream of either mode runs.
+def switch_mode(
+    config: Config, to: Mode, yes: bool, make_spark: Callable[[], object], dataset_name: str | None = None
+) -> int:
+    """Hand dataset ``dataset_name``'s tables (or each dataset's in turn) over to the streams of mode ``to``
+    (``streams.switch_mode``); asks on a terminal, needs ``yes`` otherwise. Refuses (exit 3) while any stream
+    of either mode runs.
 
     Example::
 
         switch_mode(config, Mode.FUSED, yes=True, make_spark=lambda: spark)  # 0
     """
+    datasets = datasets_of(config, dataset_name)
     what = (
-        f"let the {'silver and gold streams' if to is Mode.FUSED else 'fused stream'} finish what they read, "
-        f"end their checkpoints and start the {to.value} streams where they stopped"
+        f"let the {'silver and gold streams' if to is Mode.FUSED else 'fused streams'} of "
+        f"{', '.join(each.name for each in datasets)} finish what they read, end their checkpoints and start the "
+        f"{to.value} streams where they stopped"
     )
+    again = f"checkpoints switch {to.value}" + (f" --dataset {dataset_name}" if dataset_name else "")
     refused = confirmation(
         yes,
-        lambda: Refusal.SWITCH_UNCONFIRMED.message("switch", mode=to.value, what=what),
+        lambda: Refusal.SWITCH_UNCONFIRMED.message("switch", again=f"`{again} --yes`", what=what, mode=to.value),
         f"This will {what}.\nSwitch to {to.value}? ",
         "nothing switched",
     )
     if refused is not None:
         return refused
     spark = make_spark()
-    try:
-        with LiveLine(spark, f"switching to {to.value}"):
-            done = pipeline_streams.switch_mode(spark, config, to)
-    except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
-        print(f"refusing to switch to {to.value}: {error}", file=sys.stderr)
-        return ExitCode.REFUSED
-    print(f'switched to {to.value}: {done}; set pipeline.mode = "{to.value}" for `run`')
+    for declared in datasets:
+        try:
+            with LiveLine(spark, f"switching {declared.name} to {to.value}"):
+                done = pipeline_streams.switch_mode(spark, config, to, declared)
+        except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
+            print(f"refusing to switch {declared.name} to {to.value}: {error}", file=sys.stderr)
+            return ExitCode.REFUSED
+        print(f"switched {declared.name} to {to.value}: {done}")
+    print(f'set pipeline.mode = "{to.value}" for `run`')
     return ExitCode.OK
 
 

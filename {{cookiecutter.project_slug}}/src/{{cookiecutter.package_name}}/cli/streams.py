@@ -76,7 +76,6 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
     from ..pipeline.config import Mode
     from ..pipeline.delta.tables import dataset_streams, fused_stream
     from ..pipeline.egress import configured
-    from ..pipeline.fused import check_runs
 
     if layer in installed_names():
         return (layer,)
@@ -85,7 +84,6 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
     names = []
     for each in datasets:
         if fused:
-            check_runs(each)
             names.append(fused_stream(each).name)
         else:
             names.extend(name for name, stream in dataset_streams(each).items() if layer in ("all", stream.layer))
@@ -113,7 +111,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
     # again after: starting the SparkContext replaces the SIGINT handler.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request_stop)
-    # Before Spark: a dataset the config does not run, or one the fused mode cannot, exits 2.
+    # Before Spark: a dataset the config does not run exits 2.
     layers = selected_streams(config, args.layer, args.dataset)
     spark = spark_session(config, f"pipeline-{args.layer}")
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -1,13 +1,14 @@
-"""The low-latency mode: one stream that takes each Kafka batch into bronze, silver, quarantine and gold.
+"""The low-latency mode: one stream per dataset that takes each Kafka batch into bronze, silver,
+quarantine and every gold.
 
 In the layered mode a record crosses three streams on its way to gold, and each one polls its
 source, plans a batch and commits: on two cores that is seconds per hop. Here one micro-batch of
-Kafka records is written to the four tables, each commit tagged with the same (stream id, batch id),
+Kafka records is written to all of the dataset's tables, each commit tagged with the same (stream id, batch id),
 Delta's documented pattern for idempotent writes to several tables from one ``foreachBatch``.
 Bronze's append and silver's each run in a thread of their own (``Beside``) while quarantine and
-gold are written in the batch's thread: no write reads another's commit, so their order is free,
-and a batch costs its longest chain of jobs rather than the sum of them. Quarantine and gold stay
-one after the other: their MERGEs take the tag from the session's settings (``delta_transaction``).
+the golds are written in the batch's thread: no write reads another's commit, so their order is
+free, and a batch costs its longest chain of jobs rather than the sum of them. Quarantine and the
+golds stay one after the other: their MERGEs take the tag from the session's settings (``delta_transaction``).
 The transforms and writers are the layers' own (``bronze.py``, ``silver.py``, ``gold.py``); this
 module chains them and says which rows gold adds.
 
@@ -25,16 +26,19 @@ What keeps a replayed batch exact, table by table:
   batch on a missing offset, and its replay reads bronze's commit;
 * bronze: the tagged append of bronze's own stream;
 * silver: the batch's valid records that silver does not hold yet (a Kafka batch holds each record
-  once), appended under the tag; quarantine: silver's own insert of new Kafka records;
-* gold: the window sums of exactly the rows this batch's silver commit added. In the steady state no
+  once), appended under the tag; quarantine: silver's own insert of new Kafka records. A business
+  key is judged against silver as it is at the batch's start, a replay's own rows left out by their
+  coordinates (``dedup.py``): the same records are kept either way;
+* each gold (and each exact distinct count's table of values): the window aggregates of exactly
+  the rows this batch's silver commit added. In the steady state no
   silver file may hold the batch's offsets and those are all its valid rows. Otherwise (a replay, a
   record bronze held before) they are the rows silver lacked just before the batch's commit: silver
   read at the version before it, which a replay finds by the commit's tag. So a crash after either
   commit replays gold with the same rows, and at the versions the batch recorded gold never counts
   a row that silver does not hold (between two commits of one batch a reader may see gold ahead).
 
-The fused stream has its own checkpoint and lease, and binds all four tables to its id as every
-stream binds its own; it replaces the three layered streams, never runs beside them
+A dataset's fused stream has its own checkpoint and lease, and binds all of the dataset's tables to its
+id as every stream binds its own; it replaces the dataset's layered streams, never runs beside them
 (``streams.check_mode``; ``checkpoints switch`` hands a lakehouse from one mode to the other). The
 egress streams read gold's change feed in both modes.
 """
@@ -51,17 +55,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from .bronze import KafkaIngest
-from .config import Config, ConfigError
+from .config import Config
 from .dataset import Dataset
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
-    BRONZE,
-    FUSED,
-    GOLD,
     KAFKA_KEY_COLUMNS,
     KAFKA_PARTITION_COLUMNS,
-    QUARANTINE,
-    SILVER,
     Lakehouse,
     commit_actions,
     fused_stream,
@@ -70,7 +69,7 @@ from .delta.tables import (
     tagged_version,
 )
 from .delta.writes import append_idempotent
-from .gold import add_to_windows, touched_windows, window_aggregates
+from .gold import add_to_windows, distinct_values, touched_windows, values_paths, window_aggregates, window_of
 from .recovery import checkpoints
 from .recovery.crash_points import FUSED_POINTS, crash_points, reach
 from .recovery.lease import check_held
@@ -82,9 +81,9 @@ from .silver import (
     quarantined_records,
     ranges_and_quarantine_share,
     valid_events,
+    without_duplicates,
 )
 
-STREAM = FUSED.name
 AFTER_BRONZE, AFTER_SILVER, AFTER_QUARANTINE = FUSED_POINTS
 
 
@@ -142,7 +141,7 @@ def rows_of_commit(spark: SparkSession, path: str, app_id: str | None, batch_id:
 
     Example::
 
-        rows_of_commit(spark, lakehouse.table(BRONZE), stream_id, 7)  # bronze's rows of batch 7, or None
+        rows_of_commit(spark, lakehouse.table(EVENTS_DATASET.bronze), stream_id, 7)  # bronze's rows of batch 7, or None
     """
     if not path:
         raise ValueError("path must name a Delta table")
@@ -211,23 +210,6 @@ def reads_bronze_back(config: Config) -> bool:
     return not config.kafka.fail_on_data_loss or bool(config.kafka.compacted_topics)
 
 
-def check_runs(dataset: Dataset) -> None:
-    """ConfigError (naming ``pipeline.mode``) unless the fused stream runs ``dataset``: the events
-    dataset's tables, one gold, no business key.
-
-    Example::
-
-        check_runs(EVENTS_DATASET)  # None
-    """
-    if not isinstance(dataset, Dataset):
-        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
-    if (fused_stream(dataset).name, fused_stream(dataset).sinks) != (FUSED.name, FUSED.sinks) or dataset.dedup_key:
-        raise ConfigError(
-            f"pipeline.mode: the fused mode runs the events dataset's tables, one gold and no dedup_key; not "
-            f"dataset {dataset.name}: run it in the layered mode, or leave it out (PIPELINE_DATASETS)"
-        )
-
-
 def stream_writer(
     spark: SparkSession,
     config: Config,
@@ -235,19 +217,29 @@ def stream_writer(
     prepared: checkpoints.Prepared,
     dataset: Dataset = EVENTS_DATASET,
 ) -> DataStreamWriter:
-    """The fused stream, ready to start: each Kafka batch into bronze, silver, quarantine and gold once.
-
-    It runs the events dataset's tables (one gold, no business key), under its contract.
+    """``dataset``'s fused stream, ready to start: each Kafka batch into its bronze, silver, quarantine and
+    every gold once (each exact distinct count's table of values too), under its contract and business key.
 
     Example::
 
         fused.stream_writer(spark, config, lakehouse, prepared).option("checkpointLocation", ...).start()
     """
-    check_runs(dataset)
-    contract, declared = dataset.contract, dataset.golds[0]
-    paths = {name: lakehouse.table(name) for name in FUSED.sinks}
-    checkpoint, app_id = lakehouse.checkpoint(STREAM), prepared.stream_id
-    ingest = KafkaIngest(spark, config, lakehouse, prepared, STREAM)
+    stream = fused_stream(dataset)
+    contract, name = dataset.contract, stream.name
+    paths = {table: lakehouse.table(table) for table in stream.sinks}
+    bronze_path, silver_path = paths[dataset.bronze], paths[dataset.silver]
+    quarantine_path = paths[dataset.quarantine]
+    golds = [
+        (
+            each,
+            window_of(each, config.gold_window),
+            paths[dataset.gold_table(each)],
+            values_paths(lakehouse, dataset, each),
+        )
+        for each in dataset.golds
+    ]
+    checkpoint, app_id = lakehouse.checkpoint(name), prepared.stream_id
+    ingest = KafkaIngest(spark, config, lakehouse, prepared, name, dataset)
     # The batch a start replays (planned, never committed): the only one bronze may hold already, so
     # the only one whose rows are looked for there, and no other batch pays for the look.
     planned = checkpoints.last_planned_batch(spark, checkpoint)
@@ -259,56 +251,63 @@ def stream_writer(
         ingest.evaluate_for_batch(rows, batch_id)
         from_kafka = ingest.identified(rows, batch_id)
         # A replay of a batch bronze holds reads bronze's rows of it, never Kafka again.
-        committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id) if batch_id == replayed else None
+        committed = rows_of_commit(session, bronze_path, app_id, batch_id) if batch_id == replayed else None
         cached, beside = [], []
 
         def write_bronze(identified: DataFrame) -> None:
-            check_held(lakehouse, STREAM)
-            append_idempotent(identified, paths[BRONZE], app_id, batch_id)
-            reach(STREAM, AFTER_BRONZE, batch_id)
+            check_held(lakehouse, name)
+            append_idempotent(identified, bronze_path, app_id, batch_id)
+            reach(name, AFTER_BRONZE, batch_id)
 
         def write_silver(added: DataFrame) -> None:
-            check_held(lakehouse, STREAM)
+            check_held(lakehouse, name)
             # One file per Kafka partition, as silver's own stream writes.
-            append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), paths[SILVER], app_id, batch_id)
-            reach(STREAM, AFTER_SILVER, batch_id)
+            append_idempotent(added.repartition(*KAFKA_PARTITION_COLUMNS), silver_path, app_id, batch_id)
+            reach(name, AFTER_SILVER, batch_id)
 
         try:
-            with crash_points(session, STREAM, batch_id):
+            with crash_points(session, name, batch_id):
                 if committed is None and serial and app_id is not None:
                     # Bronze first, then every other table from its commit (reads_bronze_back).
                     write_bronze(from_kafka)
-                    committed = rows_of_commit(session, paths[BRONZE], app_id, batch_id)
+                    committed = rows_of_commit(session, bronze_path, app_id, batch_id)
                 # Cached: the first job to read a partition (bronze's append, or the key ranges' job
                 # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
                 identified = (from_kafka if committed is None else committed).persist()
                 parsed = parse_events(identified, contract).persist()
                 cached += [identified, parsed]
+                if dataset.dedup_key:
+                    # Judged against silver as it is now: on a replay after silver's commit, the batch's own
+                    # rows there are left out by their coordinates, so the marks are the same.
+                    parsed = without_duplicates(parsed, silver_path, dataset).persist()
+                    cached.append(parsed)
                 if committed is None:  # else bronze holds the batch already: its rows are the ones read back
-                    beside.append(Beside(partial(write_bronze, identified), f"{STREAM}-bronze"))
-                ranges, rejected, records = ranges_and_quarantine_share(parsed, STREAM, batch_id)
+                    beside.append(Beside(partial(write_bronze, identified), f"{name}-bronze"))
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, name, batch_id)
                 added = None
                 if rejected < records:
                     valid = valid_events(parsed, contract)
-                    added = rows_new_to_silver(valid, paths[SILVER], ranges, app_id, batch_id)
+                    added = rows_new_to_silver(valid, silver_path, ranges, app_id, batch_id)
                     if added is not valid:
-                        added = added.persist()  # an anti-join with silver: computed once for both tables
+                        added = added.persist()  # an anti-join with silver: computed once for every table
                         cached.append(added)
-                    beside.append(Beside(partial(write_silver, added), f"{STREAM}-silver"))
+                    beside.append(Beside(partial(write_silver, added), f"{name}-silver"))
                 if rejected:
-                    check_held(lakehouse, STREAM)
-                    insert_new_kafka_records(quarantined_records(parsed), paths[QUARANTINE], ranges, app_id, batch_id)
-                    reach(STREAM, AFTER_QUARANTINE, batch_id)
-                if added is not None:
-                    aggregates = window_aggregates(added, config.gold_window, contract, declared).persist()
+                    check_held(lakehouse, name)
+                    insert_new_kafka_records(quarantined_records(parsed), quarantine_path, ranges, app_id, batch_id)
+                    reach(name, AFTER_QUARANTINE, batch_id)
+                for declared, window, gold_path, values_paths in golds if added is not None else ():
+                    aggregates = window_aggregates(added, window, contract, declared).persist()
                     cached.append(aggregates)
                     windows = touched_windows(aggregates)
                     if windows:
-                        check_held(lakehouse, STREAM)
-                        add_to_windows(aggregates, paths[GOLD], app_id, batch_id, contract, windows, declared)
+                        values = distinct_values(added, window, contract, declared)
+                        distinct = {column: (values[column], path) for column, path in values_paths.items()}
+                        check_held(lakehouse, name)
+                        add_to_windows(aggregates, gold_path, app_id, batch_id, contract, windows, declared, distinct)
                 for write in beside:
                     write.join()
-            check_held(lakehouse, STREAM)  # before the checkpoint's sink versions and commit-log entry
+            check_held(lakehouse, name)  # before the checkpoint's sink versions and commit-log entry
             if app_id is not None:
                 record_sink_versions(session, checkpoint, batch_id, paths)
         finally:

@@ -364,7 +364,18 @@ def window_of(gold: Gold, gold_window: str) -> str:
     return gold.window or gold_window
 
 
-def _distinct_paths(lakehouse: Lakehouse, dataset: Dataset, gold: Gold) -> dict[str, str]:
+def values_paths(lakehouse: Lakehouse, dataset: Dataset, gold: Gold) -> dict[str, str]:
+    """The path of the table of values behind each exact distinct count of ``dataset``'s ``gold``, by its column.
+
+    Example::
+
+        values_paths(Lakehouse("/data/lake"), ORDERS, by_shop)
+        # {"customer_distinct": "/data/lake/tables/gold_orders_by_shop_customer_distinct_values"}
+    """
+    if not isinstance(lakehouse, Lakehouse):
+        raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
     return {
         aggregate.column: lakehouse.table(dataset.values_table(gold, aggregate))
         for aggregate in gold.aggregates
@@ -391,7 +402,7 @@ def stream_writer(
     stream = dataset_streams(dataset)[dataset.gold_stream(gold)]
     window, contract = window_of(gold, config.gold_window), dataset.contract
     gold_path, checkpoint = lakehouse.table(dataset.gold_table(gold)), lakehouse.checkpoint(stream.name)
-    values_paths = _distinct_paths(lakehouse, dataset, gold)
+    values_paths_of = values_paths(lakehouse, dataset, gold)
     sinks = {name: lakehouse.table(name) for name in stream.sinks}
 
     def write_batch(silver_batch: DataFrame, batch_id: int) -> None:
@@ -403,7 +414,7 @@ def stream_writer(
             windows = touched_windows(aggregates)
             if windows:
                 values = distinct_values(silver_batch, window, contract, gold)
-                distinct = {column: (values[column], path) for column, path in values_paths.items()}
+                distinct = {column: (values[column], path) for column, path in values_paths_of.items()}
                 with crash_points(silver_batch.sparkSession, stream.name, batch_id):
                     check_held(lakehouse, stream.name)
                     add_to_windows(

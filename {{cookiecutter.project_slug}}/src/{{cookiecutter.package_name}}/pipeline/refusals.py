@@ -149,7 +149,7 @@ class Refusal(Enum):
         found="the {other} streams ({streams}) carry this lakehouse on (checkpoints {checkpoints}); a {mode} "
         "stream beside them would read Kafka or its source table again from older positions and count records "
         "twice.",
-        way_out="stop them, then `checkpoints switch {mode}`: it lets them finish what they read, ends their "
+        way_out="stop them, then {switch}: it lets them finish what they read, ends their "
         'checkpoints and starts the {mode} streams exactly where they stopped; set `pipeline.mode = "{mode}"`.',
     )
     METADATA_UNREADABLE = Entry(
@@ -372,7 +372,7 @@ class Refusal(Enum):
         happened="`checkpoints switch` ran where nothing can ask (not on a terminal) without `--yes`",
         found="refusing to switch to the {mode} mode without confirmation: this would {what}. Not on a terminal, "
         "so nothing can ask.",
-        way_out="run `checkpoints switch {mode} --yes` to do it.",
+        way_out="run {again} to do it.",
         prefixed=False,
     )
     LOSS_UNCONFIRMED = Entry(

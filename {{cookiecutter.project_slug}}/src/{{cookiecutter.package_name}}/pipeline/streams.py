@@ -36,15 +36,10 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
-from .dataset import Dataset
+from .dataset import Dataset, Naming
 from .datasets import owner, running
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
-    BRONZE,
-    FUSED,
-    LAYERS,
-    SILVER,
-    STREAMS,
     Lakehouse,
     Layer,
     Stream,
@@ -107,8 +102,6 @@ def start_stream(
     layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
     if layer not in layered and layer != fused_one.name and layer not in egresses:
         raise ValueError(f"layer must be one of {', '.join(stream_names(config, named))}, not {layer!r}")
-    if layer == fused_one.name:
-        fused.check_runs(dataset)  # before anything is made or held
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
@@ -235,7 +228,7 @@ def other_mode_held(
         yield
         return
     mode = Mode.FUSED if layer == fused_stream(dataset).name else Mode.LAYERED
-    way_out = f"The two modes never run side by side: `checkpoints switch {mode.value}` hands the lakehouse over."
+    way_out = f"The two modes never run side by side: `{switch_command(mode, dataset)}` hands the lakehouse over."
     deadline = time.monotonic() + (0 if mode is Mode.FUSED else MODE_CHECK_WAIT_S)
     held = ExitStack()
     while True:
@@ -274,6 +267,7 @@ def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str, dataset: D
             Refusal.OTHER_MODE.message(
                 layer,
                 mode=mode.value,
+                switch=f"`{switch_command(mode, dataset)}`",
                 other=other.value,
                 streams=", ".join(found),
                 checkpoints=", ".join(lakehouse.checkpoint(name) for name in found),
@@ -393,40 +387,64 @@ def switch_mode(spark: SparkSession, config: Config, to: Mode, dataset: Dataset 
         raise TypeError(f"to must be a Mode, not {type(to).__name__}")
     lakehouse = Lakehouse(config.lakehouse_root)
     ensure_tables(spark, lakehouse, dataset, change_feed=bool(configured(config)))
-    fused_checkpoint = bool(streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED))
+    fused_one, layered = fused_stream(dataset), dataset_streams(dataset)
+    fused_checkpoint = bool(streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED, dataset))
     # Nothing of the fused stream left (its checkpoint, or its id on a table: a switch cut short) is layered.
-    already = fused_checkpoint if to is Mode.FUSED else not fused_checkpoint and not _fused_ids(spark, lakehouse)
+    if to is Mode.FUSED:
+        already = fused_checkpoint
+    else:
+        already = not fused_checkpoint and not _fused_ids(spark, lakehouse, dataset)
     if already:
         return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
     if to is Mode.FUSED:
-        run_available_now(spark, config, ("silver", "gold"), dataset)
+        run_available_now(spark, config, _downstream_of_bronze(dataset), dataset)
     else:
-        state = checkpoints.inspect(spark, lakehouse, FUSED)
+        state = checkpoints.inspect(spark, lakehouse, fused_one)
         if state.stream_id is not None and state.refusal() is None and state.last_planned != state.last_committed:
-            run_available_now(spark, config, (FUSED.name,), dataset)
+            run_available_now(spark, config, (fused_one.name,), dataset)
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
-    way_out = f"Then run `checkpoints switch {to.value}` again."
-    with lease.holding(spark, lakehouse, [*LAYERS, FUSED.name], way_out=way_out, ttl_s=ttl_s):
+    way_out = f"Then run `{switch_command(to, dataset)}` again."
+    with lease.holding(spark, lakehouse, [*layered, fused_one.name], way_out=way_out, ttl_s=ttl_s):
         if to is Mode.FUSED:
-            if streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED):  # another switch was quicker
+            if streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED, dataset):  # another switch was quicker
                 return f"the lakehouse runs in the {to.value} mode already: nothing to hand over"
             return _hand_to_fused(spark, lakehouse, config, dataset)
         return _hand_to_layered(spark, lakehouse, config, dataset)
 
 
-def _fused_ids(spark: SparkSession, lakehouse: Lakehouse) -> set[str]:
+def switch_command(to: Mode, dataset: Dataset = EVENTS_DATASET) -> str:
+    """The command that hands ``dataset``'s tables over to the streams of mode ``to``.
+
+    Example::
+
+        switch_command(Mode.FUSED, ORDERS)  # "checkpoints switch fused --dataset orders"
+    """
+    if not isinstance(to, Mode):
+        raise TypeError(f"to must be a Mode, not {type(to).__name__}")
+    named = "" if dataset.naming is Naming.SOLE else f" --dataset {dataset.name}"
+    return f"checkpoints switch {to.value}{named}"
+
+
+def _downstream_of_bronze(dataset: Dataset) -> tuple[str, ...]:
+    """The names of ``dataset``'s silver stream and of each gold's, in the order they run."""
+    return tuple(name for name in dataset_streams(dataset) if name != dataset.stream("bronze"))
+
+
+def _fused_ids(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset) -> set[str]:
+    fused_one = fused_stream(dataset)
     return {
         value
-        for name in FUSED.sinks
-        if (value := read_properties(spark, lakehouse.table(name)).get(IDENTITY_PROPERTY % FUSED.name))
+        for name in fused_one.sinks
+        if (value := read_properties(spark, lakehouse.table(name)).get(IDENTITY_PROPERTY % fused_one.name))
     }
 
 
 def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, dataset: Dataset) -> str:
+    layered = dataset_streams(dataset)
     # Fence first, then check: from the fence on no layered commit lands, so what is unread now stays so.
-    checkpoints.fence(spark, lakehouse, [STREAMS[name] for name in LAYERS])
-    unread = {name: _first_unread_rows(spark, lakehouse, STREAMS[name]) for name in ("silver", "gold")}
-    overtaken = [f"{STREAMS[name].source} version {version}" for name, version in unread.items() if version is not None]
+    checkpoints.fence(spark, lakehouse, list(layered.values()))
+    unread = {name: _first_unread_rows(spark, lakehouse, layered[name]) for name in _downstream_of_bronze(dataset)}
+    overtaken = [f"{layered[name].source} version {version}" for name, version in unread.items() if version is not None]
     if overtaken:
         # A layered process wrote after silver and gold finished (one that stood still past its lease):
         # rows silver or gold never read. Their ids are fenced, so they can no longer read them: rebuilt.
@@ -436,12 +454,15 @@ def _hand_to_fused(spark: SparkSession, lakehouse: Lakehouse, config: Config, da
             f"{' and '.join(overtaken)} added rows while the switch ran, never read by the layer below: rebuilt "
             f"{done}; the layered checkpoints are gone and the fused stream reads Kafka after the offsets bronze holds"
         )
-    checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
-    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
-    versions = {name: latest_snapshot(spark, lakehouse.table(name)).version() for name in (BRONZE, SILVER)}
+    checkpoints.reset(spark, lakehouse, list(layered.values()))
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(fused_stream(dataset).name))
+    versions = {
+        name: latest_snapshot(spark, lakehouse.table(name)).version() for name in (dataset.bronze, dataset.silver)
+    }
     return (
-        f"silver holds bronze to version {versions[BRONZE]} and gold silver to version {versions[SILVER]}; "
-        "the layered checkpoints are gone and the fused stream reads Kafka after the offsets bronze holds"
+        f"silver holds bronze to version {versions[dataset.bronze]} and gold silver to version "
+        f"{versions[dataset.silver]}; the layered checkpoints are gone and the fused stream reads Kafka after "
+        "the offsets bronze holds"
     )
 
 
@@ -461,39 +482,41 @@ def _first_unread_rows(spark: SparkSession, lakehouse: Lakehouse, stream: Stream
     return None
 
 
-def _fused_finished(spark: SparkSession, lakehouse: Lakehouse) -> bool:
-    """Whether the fused stream can resume as it is and its last planned batch reached all four tables: then
-    silver holds all of bronze and gold all of silver. A metadata file that cannot be read says nothing."""
+def _fused_finished(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset) -> bool:
+    """Whether ``dataset``'s fused stream can resume as it is and its last planned batch reached all of its tables:
+    then silver holds all of bronze and each gold all of silver. A metadata file that cannot be read says nothing."""
     try:
-        state = checkpoints.inspect(spark, lakehouse, FUSED)
+        state = checkpoints.inspect(spark, lakehouse, fused_stream(dataset))
     except checkpoints.CheckpointError:
         return False
     return state.stream_id is not None and state.refusal() is None and state.last_planned == state.last_committed
 
 
-def _fused_progress(spark: SparkSession, lakehouse: Lakehouse) -> tuple[int | None, int | None]:
-    checkpoint = lakehouse.checkpoint(FUSED.name)
+def _fused_progress(spark: SparkSession, lakehouse: Lakehouse, dataset: Dataset) -> tuple[int | None, int | None]:
+    checkpoint = lakehouse.checkpoint(fused_stream(dataset).name)
     return checkpoints.last_planned_batch(spark, checkpoint), checkpoints.last_committed_batch(spark, checkpoint)
 
 
 def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, dataset: Dataset) -> str:
+    fused_one, layered = fused_stream(dataset), dataset_streams(dataset)
     # Whether it can resume as it is, read before the fence (after it, its tables read as ahead of it).
-    finished = _fused_finished(spark, lakehouse)
-    progress = _fused_progress(spark, lakehouse)
+    finished = _fused_finished(spark, lakehouse, dataset)
+    progress = _fused_progress(spark, lakehouse, dataset)
     # Fence first, then check: a fused process that stood still past its lease commits nothing from here
     # on, and a batch it planned or finished since the look above shows in its checkpoint now.
-    checkpoints.fence(spark, lakehouse, [FUSED])
-    finished = finished and _fused_progress(spark, lakehouse) == progress
-    checkpoints.reset(spark, lakehouse, [FUSED])
+    checkpoints.fence(spark, lakehouse, [fused_one])
+    finished = finished and _fused_progress(spark, lakehouse, dataset) == progress
+    checkpoints.reset(spark, lakehouse, [fused_one])
     if not finished:
-        rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, dataset, config)
+        silver_and_down = with_downstream(dataset.stream("silver"), dataset)
+        rebuilt = reset(spark, lakehouse, silver_and_down, config.gold_window, dataset, config)
         done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
         return (
             f"the fused stream's last batch is not known to be whole: rebuilt {done}; bronze resumes after its offsets"
         )
     started = {}
-    for name in ("silver", "gold"):
-        stream = STREAMS[name]
+    for name in _downstream_of_bronze(dataset):
+        stream = layered[name]
         source_version = latest_snapshot(spark, lakehouse.table(stream.source)).version()
         stream_id = str(uuid.uuid4())
         start = json.dumps({"stream_id": stream_id, "source_version": source_version + 1})
@@ -504,8 +527,10 @@ def _hand_to_layered(spark: SparkSession, lakehouse: Lakehouse, config: Config, 
             set_properties(spark, lakehouse.table(table), properties)
         checkpoints.create_stream_id(spark, lakehouse.checkpoint(name), stream_id)
         started[name] = source_version + 1
+    silver_name, *gold_names = _downstream_of_bronze(dataset)
+    golds = " and ".join(f"{name} at silver version {started[name]}" for name in gold_names)
     return (
-        f"silver starts at bronze version {started['silver']} and gold at silver version {started['gold']}; "
+        f"{silver_name} starts at bronze version {started[silver_name]}, {golds}; "
         "bronze resumes after the offsets it holds"
     )
 
@@ -522,12 +547,13 @@ def reset_fused(spark: SparkSession, config: Config, dataset: Dataset = EVENTS_D
 
         reset_fused(spark, config)  # [Rebuilt("silver", ...), Rebuilt("gold", ...)]
     """
-    lakehouse = Lakehouse(config.lakehouse_root)
-    checkpoints.reset(spark, lakehouse, [FUSED])
-    rebuilt = reset(spark, lakehouse, with_downstream("silver"), config.gold_window, dataset, config)
+    lakehouse, fused_one = Lakehouse(config.lakehouse_root), fused_stream(dataset)
+    checkpoints.reset(spark, lakehouse, [fused_one])
+    silver_and_down = with_downstream(dataset.stream("silver"), dataset)
+    rebuilt = reset(spark, lakehouse, silver_and_down, config.gold_window, dataset, config)
     # The rebuild leaves silver and gold to new layered streams: their ids are ended at once.
-    checkpoints.reset(spark, lakehouse, [STREAMS[name] for name in LAYERS])
-    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
+    checkpoints.reset(spark, lakehouse, list(dataset_streams(dataset).values()))
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(fused_one.name))
     return rebuilt
 
 
@@ -542,12 +568,12 @@ def restart_fused(spark: SparkSession, config: Config, dataset: Dataset = EVENTS
 
         restart_fused(spark, config)  # "the fused stream resumes after the Kafka offsets bronze holds"
     """
-    lakehouse = Lakehouse(config.lakehouse_root)
-    if not _fused_finished(spark, lakehouse):
+    lakehouse, fused_one = Lakehouse(config.lakehouse_root), fused_stream(dataset)
+    if not _fused_finished(spark, lakehouse, dataset):
         rebuilt = reset_fused(spark, config, dataset)
         done = ", ".join(f"{each.stream} from {each.source} version {each.source_version}" for each in rebuilt)
         return f"the fused stream's last batch is not known to be whole: rebuilt {done}; it resumes after bronze"
-    checkpoints.reset(spark, lakehouse, [FUSED])
-    identity.forget_cluster(spark, lakehouse)  # the reset accepts the cluster that answers now
-    checkpoints.create_stream_id(spark, lakehouse.checkpoint(FUSED.name))
+    checkpoints.reset(spark, lakehouse, [fused_one])
+    identity.forget_cluster(spark, lakehouse, dataset)  # the reset accepts the cluster that answers now
+    checkpoints.create_stream_id(spark, lakehouse.checkpoint(fused_one.name))
     return "the fused stream resumes after the Kafka offsets bronze holds; silver and gold stay as they are"

@@ -76,9 +76,8 @@ from pyspark.sql import SparkSession
 
 from ..delta import files
 from ..delta.tables import (
-    BRONZE,
-    TABLES,
     Lakehouse,
+    Layer,
     RemovingCommit,
     Stream,
     commit_time_ms,
@@ -100,12 +99,6 @@ from .sink_progress import (
     read_sink_progress,
     recorded_sink_versions,
 )
-
-# Sinks written by every batch of their stream, even an empty one (bronze appends
-# an empty batch too: Delta commits it with its txn). Their txn must reach the
-# last committed batch; the other sinks skip batches with nothing for them, so a
-# txn behind the checkpoint is normal there and proves nothing.
-EVERY_BATCH_SINKS = frozenset({BRONZE})
 
 # Spark writes each offset- and commit-log file as ".<batch>.<uuid>.tmp" beside the log, then renames
 # it into place (CheckpointFileManager.createAtomic); the local file system adds a ".crc" to each.
@@ -193,6 +186,10 @@ class StreamState:
     recorded_versions: dict[str, int]  # each sink table's version after the last committed batch
     # For a stream that reads a Delta table's appends and has a position in it (a planned batch, a rebuild's start)
     source: SourceState | None = None
+    # Sinks written by every batch of the stream, even an empty one (bronze appends an empty batch too:
+    # Delta commits it with its txn). Their txn must reach the last committed batch; the other sinks
+    # skip batches with nothing for them, so a txn behind the checkpoint is normal there and proves nothing.
+    every_batch: frozenset[str] = frozenset()
 
     @property
     def last_batch(self) -> int | None:
@@ -286,7 +283,7 @@ class StreamState:
                     batch=self.last_committed,
                     checkpoint=checkpoint,
                 )
-            if sink.table not in EVERY_BATCH_SINKS or self.last_committed is None:
+            if sink.table not in self.every_batch or self.last_committed is None:
                 continue
             if sink.txn_batch is None or sink.txn_batch < self.last_committed:
                 return Status.TABLE_BEHIND, Refusal.BATCHES_MISSING.message(
@@ -358,9 +355,11 @@ def inspect(spark: SparkSession, lakehouse: Lakehouse, stream: Stream) -> Stream
         recorded_versions=recorded_sink_versions(spark, checkpoint, last_committed),
         source=(
             None
-            if stream_id is None or stream.source not in TABLES or stream.reads_changes
+            if stream_id is None or stream.layer not in (Layer.SILVER, Layer.GOLD)
             else _source_state(spark, lakehouse, stream, sinks, last_planned, last_committed)
         ),
+        # Bronze, in its own stream or the fused one: the stream's first sink.
+        every_batch=frozenset(stream.sinks[:1]) if stream.layer in (Layer.BRONZE, Layer.FUSED) else frozenset(),
     )
 
 
