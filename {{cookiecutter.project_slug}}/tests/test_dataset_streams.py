@@ -233,9 +233,7 @@ def run_killed(config, stream: str, crash: str) -> None:
 # Two processes of its own, seven runs of the streams, two switches and six audits: more than the suite's
 # 900 s a test on a busy 2-core machine.
 @pytest.mark.timeout(1800)
-def test_a_second_datasets_streams_are_exact_through_crashes_a_reset_and_both_modes(
-    spark, orders_config, orders_topic
-):
+def test_a_second_datasets_streams_are_exact_through_crashes_a_reset_and_both_modes(spark, orders_config, orders_topic):
     config, lakehouse = orders_config, Lakehouse(orders_config.lakehouse_root)
     assert PURCHASES.streams == (
         "purchases_bronze",

@@ -38,6 +38,7 @@ from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneClu
 from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import Mode, duration_seconds, load_config
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.delta import files
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD, QUARANTINE, SILVER, Lakehouse, latest_snapshot
 from {{ cookiecutter.package_name }}.pipeline.delta.writes import append_idempotent
@@ -581,6 +582,10 @@ def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, t
     assert report.records_committed > 0 and report.records_aborted > 0
     # Each egress's sink was checked against the ledger too.
     assert {f"{stream}_windows_wrong" for stream in installed_names()} <= set(report.anomalies)
+    # The project's second dataset, where it has one, ran in the same driver, judged by its own oracle.
+    if len(DATASETS) > 1:
+        assert report.second_committed > 0 and report.second_aborted > 0
+        assert f"{DATASETS[1].name}_gold" in report.anomalies
     assert report.clean, report.table()
 
 
@@ -631,6 +636,9 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(
     assert any(step.detail == "broker restarted while a run wrote: it carried on" for step in report.steps)
     assert sum(report.refusals.values()) >= 1, report.table()
     assert report.oracle_checks >= 1 and report.records_committed > 0 and report.records_aborted > 0
+    # The project's second dataset, where it has one, ran beside the first, judged by its own oracle.
+    if len(DATASETS) > 1:
+        assert report.second_committed > 0, report.table()
     # Silver's and gold's sinks took both their ways under the faults: appends of new records (new
     # windows), MERGEs of overlaps (windows gold holds).
     assert report.silver_sink_commits["append"] >= 1 and report.silver_sink_commits["MERGE"] >= 1, report.table()

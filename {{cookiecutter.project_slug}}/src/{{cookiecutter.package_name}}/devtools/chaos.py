@@ -1,17 +1,21 @@
 """Chaos runner: kill the running pipeline at random moments, then prove nothing was lost or doubled.
 
 While a transactional producer writes numbered records (most transactions
-committed, every third aborted), the pipeline (`run --layer all`) runs as a
+committed, every third aborted), and a second one the records of the project's
+second dataset where it has one (its own topic, contract, business key and
+golds; retries of a record among them), the pipeline (`run --layer all`) runs as a
 separate process and is SIGKILLed at seeded random moments, then restarted.
 Most kills land while batches run (a random moment after the run's first batch);
 the rest while it starts (checkpoints, leases and tables being prepared).
 Finally it drains with --available-now, and the runner checks the tables
-against its own ledger of what it committed to Kafka. The checks use none of
-the pipeline's code: Spark only reads the Delta tables, the rest is plain Python.
+against its own ledger of what it committed to Kafka, the second dataset's with
+``oracle.judge_dataset``. The checks use none of the pipeline's code: Spark only
+reads the Delta tables, the rest is plain Python.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -22,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,11 +36,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from py4j.java_gateway import JavaClass
 
-from .sample import EVENT_TYPES
+from .oracle import BROKEN_PREFIX, judge_dataset
+from .sample import EVENT_TYPES, contract_records
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
-MALFORMED_PREFIX = b"{broken record "
+MALFORMED_PREFIX = BROKEN_PREFIX
+# The second dataset's records, per record of the first: its topic is read by the same streams' driver.
+SECOND_DATASET_SHARE = 0.4
+SECOND_RETRY_RATIO = 0.05
 ABORT_EVERY = 3
 KAFKA_EGRESS, POSTGRES_EGRESS = "kafka_egress", "postgres_egress"
 # The header of each record of the Kafka egress naming the stream id that published it (its output contract).
@@ -51,6 +59,9 @@ class Ledger:
     aborted: set[str] = field(default_factory=set)
     # Committed, then deleted from Kafka before bronze read them, and accepted as lost: expected nowhere.
     lost: set[str] = field(default_factory=set)
+    # The second dataset's record values committed, in the order committed (a retry is a value again).
+    second: list[bytes] = field(default_factory=list)
+    second_aborted: int = 0
 
     def valid_events(self) -> list[dict]:
         events = []
@@ -129,6 +140,49 @@ def produce_numbered(
         else:
             producer.commit_transaction(30)
             ledger.committed.update(batch)
+        time.sleep(pause)
+
+
+def dataset_values(dataset, run: str, seed: int) -> Iterator[bytes]:
+    """Record values of ``dataset``, endless: drawn from its contract (``sample.contract_records``, some of them
+    retries of an earlier record, the same bytes again), every 17th broken (``BROKEN_PREFIX`` and an id of the
+    run). Their event times lie within ten minutes of EVENT_START."""
+    drawn = contract_records(dataset, 2**62, seed, retry_ratio=SECOND_RETRY_RATIO, start=EVENT_START, prefix=run)
+    for number, (_, value) in enumerate(drawn, 1):
+        broken = number % MALFORMED_EVERY == 0
+        yield MALFORMED_PREFIX + f"{run}-{dataset.name}-{number:07d}".encode() if broken else value
+
+
+def produce_dataset_records(
+    producer_config: dict,
+    topic: str,
+    run: str,
+    dataset,
+    records: int,
+    seed: int,
+    ledger: Ledger,
+    duration_s: float,
+    transaction_size: int = 25,
+) -> None:
+    """Produce ``records`` of ``dataset``'s records (``dataset_values``) over about ``duration_s``; abort every
+    third transaction."""
+    values = list(itertools.islice(dataset_values(dataset, run, seed), records))
+    producer = Producer({**producer_config, "transactional.id": f"chaos-{run}-{dataset.name}", "linger.ms": 5})
+    producer.init_transactions(30)
+    transactions = (records + transaction_size - 1) // transaction_size
+    pause = duration_s / max(transactions, 1)
+    for index in range(transactions):
+        batch = values[index * transaction_size : (index + 1) * transaction_size]
+        producer.begin_transaction()
+        for value in batch:
+            producer.produce(topic, value=value)
+        if index % ABORT_EVERY == ABORT_EVERY - 1:
+            producer.flush(30)
+            producer.abort_transaction(30)
+            ledger.second_aborted += len(batch)
+        else:
+            producer.commit_transaction(30)
+            ledger.second.extend(batch)
         time.sleep(pause)
 
 
@@ -349,6 +403,10 @@ class ChaosReport:
     # read_uncommitted consumers only.
     egress_aborted_records: int = 0
     kills_while_starting: int = 0
+    # The second dataset's name and its records committed and aborted, where the project has one.
+    second_dataset: str | None = None
+    second_committed: int = 0
+    second_aborted: int = 0
 
     @property
     def clean(self) -> bool:
@@ -361,6 +419,14 @@ class ChaosReport:
             ("... after its first batch", self.kills - self.kills_while_starting),
             ("records committed", self.records_committed),
             ("records aborted", self.records_aborted),
+            *(
+                [
+                    (f"{self.second_dataset} records committed", self.second_committed),
+                    (f"{self.second_dataset} records aborted", self.second_aborted),
+                ]
+                if self.second_dataset
+                else []
+            ),
             ("batches replayed", self.batches_replayed),
             ("egress records aborted (read_uncommitted only)", self.egress_aborted_records),
             *((f"anomaly: {kind}", count) for kind, count in self.anomalies.items()),
@@ -392,6 +458,8 @@ def run_chaos(
     ``running_window_s`` after the run's first finished batch, whatever its start-up took (more
     than 20 seconds on S3 under load), so that it lands inside a batch or between two.
     """
+    from ..pipeline.datasets import DATASETS
+    from ..pipeline.delta.tables import Lakehouse
     from ..pipeline.kafka.clients import bootstrap_servers, client_config
     from ..pipeline.session import s3
     from ..pipeline.session.spark import build_spark
@@ -399,8 +467,11 @@ def run_chaos(
     rng = random.Random(seed)
     run = f"chaos{seed}-{uuid.uuid4().hex[:6]}"
     topic = run
+    second = DATASETS[1] if len(DATASETS) > 1 else None
+    second_topic = f"{run}-{second.name}" if second else None
     admin = AdminClient(client_config(config))
-    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(timeout=30)
+    for name in filter(None, (topic, second_topic)):
+        admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
     # A crash point armed by the caller would stop every restart at the same place.
     inherited = {key: value for key, value in os.environ.items() if key != "PIPELINE_CRASH_POINT"}
     env = {
@@ -413,6 +484,7 @@ def run_chaos(
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
         **egress_env(config, run, admin),
         **storage_env(config),
+        **({"PIPELINE_DATASETS": second.name, f"DATASET_{second.name.upper()}_TOPICS": second_topic} if second else {}),
     }
     # This process's own session: it counts the batches each kill left pending, then reads the tables.
     s3.prepare(config)
@@ -434,6 +506,17 @@ def run_chaos(
         daemon=True,
     )
     producer.start()
+    producers = [producer]
+    if second:
+        second_records = int(records * SECOND_DATASET_SHARE)
+        producers.append(
+            threading.Thread(
+                target=produce_dataset_records,
+                args=(client_config(config), second_topic, run, second, second_records, seed, ledger, kills * 12.0),
+                daemon=True,
+            )
+        )
+        producers[-1].start()
     replayed = killed = killed_starting = 0
     logs.mkdir(parents=True, exist_ok=True)
     for number, (moment, delay) in enumerate(schedule, 1):
@@ -457,7 +540,8 @@ def run_chaos(
             killed += 1
             killed_starting += moment == STARTING
         replayed += pending_batches(spark, f"{config.lakehouse_root}/checkpoints")
-    producer.join()
+    for each in producers:
+        each.join()
     # The drain takes the configured batch size: the small batches were for the kills to land between.
     drain_env = {key: value for key, value in env.items() if key != "KAFKA_MAX_OFFSETS_PER_TRIGGER"}
     drained = subprocess.run(
@@ -470,6 +554,11 @@ def run_chaos(
     report = ChaosReport(killed, len(ledger.committed), len(ledger.aborted), replayed, anomalies)
     report.egress_aborted_records = egress_aborted
     report.kills_while_starting = killed_starting
+    if second:
+        found = judge_dataset(spark, Lakehouse(config.lakehouse_root), second, ledger.second, config.gold_window)
+        report.anomalies.update({f"{second.name}_{kind}": count for kind, count in found.items()})
+        report.second_dataset = second.name
+        report.second_committed, report.second_aborted = len(ledger.second), ledger.second_aborted
     return report
 
 

@@ -45,6 +45,15 @@ what the world does to them:
                 a topic dropped from the subscription): the refused start writes nothing, and the
                 operator either sets the key back or, for the window, takes the way out and keeps it.
 
+Where the project has a second dataset (``datasets/``), it runs beside the first from a topic of its own:
+one ``produce`` in three also commits or aborts a transaction of its records (drawn from its contract,
+retries of a record among them, every 17th broken), and one ``crash`` in three also kills one of its
+streams at a crash point (its silver between its two commits and its fused stream between its commits
+too); every run of a layer or of ``all`` runs its streams too, and each drain judges its tables with its
+own oracle (``oracle.py``) and audits it. Its draws come after the first dataset's in each action, so
+the first dataset's part of a schedule is the same with it or without it. The faults on storage and
+on the broker's topics stay with the first dataset.
+
 In the fused mode (``pipeline.mode``, ``PIPELINE_MODE=fused``) the one fused stream stands for the three
 layers in every action: it is the one stepped, killed, crashed (at its inner points too), frozen, lost,
 restored and reset (``--only`` as well), the owner of every table a rollback or a foreign writer touches,
@@ -98,6 +107,7 @@ from .chaos import (
     POSTGRES_EGRESS,
     Ledger,
     batch_ids,
+    dataset_values,
     egress_env,
     hadoop_filesystem,
     judge,
@@ -108,6 +118,7 @@ from .chaos import (
     storage_env,
     wait_while_running,
 )
+from .oracle import judge_dataset
 
 # Each action's weight, in the order the schedule draws among those whose precondition holds.
 WEIGHTS = {
@@ -151,6 +162,8 @@ MAX_TOPICS = 3
 LATE_EVERY, MAX_DAYS_LATE = 6, 7
 # One transaction in this many gives its records the Kafka keys of earlier records.
 REPEAT_KEYS_EVERY = 4
+# One produce (and one crash) in this many is the second dataset's, where the project has one.
+SECOND_DATASET_EVERY = 3
 # A compacted topic whose log cleaner removes superseded records within seconds: segments roll after a
 # second and are cleaned as soon as any of them is superseded.
 COMPACT_AT_ONCE = {
@@ -422,6 +435,10 @@ class NemesisReport:
     refusals: Counter = field(default_factory=Counter)
     records_committed: int = 0
     records_aborted: int = 0
+    # The second dataset's name and records, where the project has one.
+    second_dataset: str | None = None
+    second_committed: int = 0
+    second_aborted: int = 0
     # Committed records a compacted topic's cleaner removed before bronze read them: no longer expected.
     records_compacted_away: int = 0
     oracle_checks: int = 0
@@ -444,6 +461,14 @@ class NemesisReport:
         rows += [
             ("records committed", self.records_committed),
             ("records aborted", self.records_aborted),
+            *(
+                [
+                    (f"{self.second_dataset} records committed", self.second_committed),
+                    (f"{self.second_dataset} records aborted", self.second_aborted),
+                ]
+                if self.second_dataset
+                else []
+            ),
             ("records compacted away before bronze", self.records_compacted_away),
             ("oracle checks", self.oracle_checks),
             *[(f"silver sink commits: {way}", count) for way, count in sorted(self.silver_sink_commits.items())],
@@ -470,6 +495,7 @@ class Nemesis:
         schedule_file: Path | None = None,
         compiled: bool = False,
     ):
+        from ..pipeline.datasets import DATASETS
         from ..pipeline.egress import settings_of
         from ..pipeline.kafka.clients import bootstrap_servers, client_config
         from ..pipeline.session import s3
@@ -507,6 +533,15 @@ class Nemesis:
             **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
+        # The project's second dataset, where it has one: a topic of its own, its records from its contract.
+        self.second = DATASETS[1] if len(DATASETS) > 1 else None
+        if self.second is not None:
+            self.second_topic = f"{self.run}-{self.second.name}"
+            second_topic = NewTopic(self.second_topic, num_partitions=2, replication_factor=1)
+            self.admin.create_topics([second_topic])[self.second_topic].result(30)
+            self.env["PIPELINE_DATASETS"] = self.second.name
+            self.env[f"DATASET_{self.second.name.upper()}_TOPICS"] = self.second_topic
+            self.second_values = dataset_values(self.second, self.run, seed)
         if compiled:
             self.env["JAVA_TOOL_OPTIONS"] = compiled_java_options(self.env.get("JAVA_TOOL_OPTIONS", ""))
         # The layers (or the fused stream), then each egress the run turns on: an egress runs after gold.
@@ -595,6 +630,10 @@ class Nemesis:
         self.report.gold_sink_commits.update(self._sink_commits("gold"))
         self.report.records_committed = len(self.ledger.committed)
         self.report.records_aborted = len(self.ledger.aborted)
+        if self.second is not None:
+            self.report.second_dataset = self.second.name
+            self.report.second_committed = len(self.ledger.second)
+            self.report.second_aborted = self.ledger.second_aborted
         return self.report
 
     def _take(self, number: int, name: str, act: Callable[[], str], draws: list = (), final: bool = False) -> None:
@@ -725,9 +764,11 @@ class Nemesis:
         topic: str | None = None,
         repeat: bool | None = None,
         count: int | None = None,
+        second: bool | None = None,
     ) -> str:
         """A transaction of ``count`` numbered records to ``topic``, committed or aborted; ``repeat``: its records
-        take the keys of earlier records of the topic. Each drawn when None."""
+        take the keys of earlier records of the topic. Each drawn when None. ``second``: then a transaction of
+        the second dataset's records to its topic too (drawn when None: one in ``SECOND_DATASET_EVERY``)."""
         count = self.rng.randint(1, self.records_per_transaction) if count is None else count
         committed = self.rng.randrange(ABORT_EVERY) != 0 if committed is None else committed
         topic = self.rng.choice(self.topics) if topic is None else topic
@@ -757,13 +798,34 @@ class Nemesis:
         late = f", {days_late} days late" if days_late else ""
         to = f" to {topic}" if len(self.topics) > 1 else ""
         repeated = ", keys of earlier records" if repeat else ""
-        return f"{count} records {'committed' if committed else 'aborted'}{to}{late}{repeated}"
+        detail = f"{count} records {'committed' if committed else 'aborted'}{to}{late}{repeated}"
+        # Drawn after the first dataset's: its transaction is the same with a second dataset or without.
+        if second is None:
+            second = self.second is not None and self.rng.randrange(SECOND_DATASET_EVERY) == 0
+        if second:
+            count = self.rng.randint(1, self.records_per_transaction)
+            detail += f"; {self._produce_second(self.rng.randrange(ABORT_EVERY) != 0, count)}"
+        return detail
+
+    def _produce_second(self, committed: bool, count: int) -> str:
+        values = [next(self.second_values) for _ in range(count)]
+        self.producer.begin_transaction()
+        for value in values:
+            self.producer.produce(self.second_topic, value=value)
+        if committed:
+            self.producer.commit_transaction(30)
+            self.ledger.second.extend(values)
+        else:
+            self.producer.flush(30)
+            self.producer.abort_transaction(30)
+            self.ledger.second_aborted += count
+        return f"{count} {self.second.name} records {'committed' if committed else 'aborted'}"
 
     def work(self) -> None:
         """Records for the batch a fault is about to land in: an aborted transaction, then a committed
         one, so that the batch's source must skip the first (``read_committed``) where it is killed."""
-        self.produce(committed=False)
-        self.produce(committed=True)
+        self.produce(committed=False, second=False)
+        self.produce(committed=True, second=False)
 
     def drain(self) -> str:
         code, output = self.command("run", "--layer", "all", "--available-now")
@@ -782,6 +844,10 @@ class Nemesis:
         # compacted, not only the named ones (a delete policy never removes from the middle of a log).
         self._forget_compacted(self.compacted_once)
         anomalies, _ = judge(self.spark, self.config, self.ledger, self.env)
+        if self.second is not None:
+            lakehouse = Lakehouse(self.config.lakehouse_root)
+            found = judge_dataset(self.spark, lakehouse, self.second, self.ledger.second, self.config.gold_window)
+            anomalies.update({f"{self.second.name}_{kind}": count for kind, count in found.items()})
         self.report.oracle_checks += 1
         clean, verdict = self.audit()
         return {name: count for name, count in anomalies.items() if count}, clean, verdict
@@ -793,16 +859,18 @@ class Nemesis:
         that is not clean, as `audit` exiting non-zero was."""
         from ..pipeline.audit.reconcile import run_audit
         from ..pipeline.config import load_config
+        from ..pipeline.datasets import DATASETS
         from ..pipeline.egress import configure
 
-        try:
-            report = run_audit(self.spark, configure(load_config(environ=self.env), self.env))
-        except Exception as error:  # noqa: BLE001 - any failure to reach a verdict is reported, not raised
-            return False, f"failed: {type(error).__name__}: {_last_lines(str(error), 3)}"
-        if report.clean:
-            return True, "clean"
-        found = {name: count for name, count in report.errors.items() if count}
-        return False, f"FAILED {found}"
+        config = configure(load_config(environ=self.env), self.env)
+        found = {}
+        for dataset in (DATASETS[0], self.second) if self.second is not None else (DATASETS[0],):
+            try:
+                report = run_audit(self.spark, config, dataset, environ=self.env)
+            except Exception as error:  # noqa: BLE001 - any failure to reach a verdict is reported, not raised
+                return False, f"failed: {dataset.name}: {type(error).__name__}: {_last_lines(str(error), 3)}"
+            found.update({f"{dataset.name}: {name}": count for name, count in report.errors.items() if count})
+        return (True, "clean") if not found else (False, f"FAILED {found}")
 
     def step(self) -> str:
         stream = self.rng.choice(self.layers)
@@ -854,7 +922,40 @@ class Nemesis:
         )
         if code not in (0, -signal.SIGKILL):
             self.expect_ok(f"run --layer {stream} with a crash point", code, output)
-        return f"{stream}:{point}:{batch} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
+        detail = f"{stream}:{point}:{batch} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
+        # Drawn after the first dataset's crash: it is the same with a second dataset or without.
+        if self.second is not None and self.rng.randrange(SECOND_DATASET_EVERY) == 0:
+            detail += f"; {self._crash_second()}"
+        return detail
+
+    def _crash_second(self) -> str:
+        """One of the second dataset's streams killed at a crash point of its next batch, records made ready
+        for it first: its topic gets a transaction aborted and one committed, and the streams above it run."""
+        from ..pipeline.delta.tables import dataset_streams, fused_stream
+        from ..pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, FUSED_POINTS, POINTS
+
+        second = self.second
+        if self.layers == STREAMS:
+            streams = dataset_streams(second)
+            stream = self.rng.choice(list(streams))
+            layer = streams[stream].layer.value
+        else:
+            stream, layer = fused_stream(second).name, FUSED_STREAM
+        inner = {second.stream("silver"): (BETWEEN_SINK_COMMITS,), second.stream("fused"): FUSED_POINTS}
+        point = self.rng.choice((*POINTS, *inner.get(stream, ())))
+        self.produce(committed=False, second=True, count=self.rng.randint(1, self.records_per_transaction))
+        self.produce(committed=True, second=True, count=self.rng.randint(1, self.records_per_transaction))
+        above = {"silver": ("bronze",), "gold": ("bronze", "silver")}.get(layer, ())
+        for upstream in above:
+            code, output = self._run(["run", "--layer", upstream, "--dataset", second.name, "--available-now"], None)
+            self.expect_ok(f"run --layer {upstream} --dataset {second.name}", code, output)
+        where = f"{stream}:{point}:{self.next_batch(stream)}"
+        code, output = self._run(
+            ["run", "--layer", layer, "--dataset", second.name, "--available-now"], {"PIPELINE_CRASH_POINT": where}
+        )
+        if code not in (0, -signal.SIGKILL):
+            self.expect_ok(f"run --layer {layer} --dataset {second.name} with a crash point", code, output)
+        return f"{where} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
 
     def freeze(self) -> str:
         from ..pipeline.recovery.crash_points import BEFORE_SINK_COMMIT

@@ -20,6 +20,7 @@ someone accepted as lost (kafka/retention.py) as a warning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache, reduce
 
@@ -94,20 +95,25 @@ def committed_kafka_records(spark: SparkSession, config: Config, cut: Cut, topic
 
 
 def run_audit(
-    spark: SparkSession, config: Config, dataset: Dataset = EVENTS_DATASET, bound: Bound | None = None
+    spark: SparkSession,
+    config: Config,
+    dataset: Dataset = EVENTS_DATASET,
+    bound: Bound | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> AuditReport:
     """Reconcile ``dataset``'s tables with its Kafka topics at a cut of the (perhaps running) pipeline.
 
     Each of its golds is recomputed from silver as its stream had read it; ``bound`` narrows the audit
     to bronze's last batches or to records since a time. The egresses, which publish the first
-    dataset's first gold, are audited with that dataset.
+    dataset's first gold, are audited with that dataset. A dataset's topics are read as the pipeline's
+    processes read them, with the overrides ``environ`` holds (default os.environ).
 
     Example::
 
         run_audit(spark, config, bound=Bound(last_batches=20)).clean
     """
     bound = Bound() if bound is None else bound
-    config = config_of(config, dataset)
+    config = config_of(config, dataset, environ)
     lakehouse = Lakehouse(config.lakehouse_root)
     contract, schemas = dataset.contract, table_schemas(dataset)
     egresses = configured(config) if dataset.name == DATASETS[0].name else {}

@@ -1,0 +1,236 @@
+"""An oracle for any dataset: its tables judged against the records committed to its topics, in plain Python.
+
+It knows the dataset only by its declaration (fields, event time, business key, golds: what a reader of
+``datasets/<name>.py`` knows) and the records only by their bytes, as the producer committed them; it
+uses none of the pipeline's code. The producer marks the records it breaks (``BROKEN_PREFIX``), so which
+records belong in quarantine is the producer's word, not a second parser's. A business key's copies are
+the producer's retries, each the same bytes, so whichever copy silver keeps, every gold is the same.
+
+What it finds, by kind:
+
+* ``bronze``: a committed record bronze lacks or holds twice, or a record no one committed;
+* ``silver``: a business key silver lacks or holds twice, or a row of no committed record;
+* ``quarantine``: a broken record not quarantined, a copy quarantined without naming the kept record
+  of its key, or a record both kept and quarantined;
+* ``gold``: per gold, a window whose aggregates differ from the committed records' (an approximate
+  distinct count may differ from the exact one by its documented error).
+
+Example::
+
+    findings = judge_dataset(spark, lakehouse, ORDERS, committed_values, "1 minute")
+    assert not any(findings.values()), findings
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from ..pipeline.contract import Kind
+from ..pipeline.dataset import AggregateKind, Dataset, Gold
+
+if TYPE_CHECKING:
+    from ..pipeline.delta.tables import Lakehouse
+
+BROKEN_PREFIX = b"{broken record "
+DUPLICATE_OF = "duplicate of "
+# An approximate distinct count is right within this share of the exact count (three standard errors of a
+# HyperLogLog sketch at lgConfigK 12), and within one value of a small count.
+APPROX_TOLERANCE = 0.05
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def window_seconds(duration: str) -> int:
+    """The seconds of a window such as '10 minutes' or '1 hour'.
+
+    Example::
+
+        window_seconds("10 minutes")  # 600
+    """
+    match = re.fullmatch(r"\s*(\d+)\s+(second|minute|hour|day|week)s?\s*", duration or "")
+    if match is None:
+        raise ValueError(f"duration must be a number and a unit such as '10 minutes', not {duration!r}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _window_start(at: datetime, seconds: int) -> datetime:
+    # Tumbling windows aligned to the epoch, as an event-time window of that duration is.
+    elapsed = (at - _EPOCH) // timedelta(microseconds=1)
+    return _EPOCH + timedelta(microseconds=elapsed - elapsed % (seconds * 1_000_000))
+
+
+def _parsed(value: bytes) -> dict:
+    return json.loads(value, parse_float=Decimal)
+
+
+def _key(dataset: Dataset, record: dict) -> tuple:
+    """A record's business key; without one, the record itself (its fields, in the contract's order)."""
+    names = dataset.dedup_key or tuple(field.name for field in dataset.contract.fields)
+    return tuple(_canonical(record.get(name)) for name in names)
+
+
+def _canonical(value):
+    """A field's value, the same whether the producer's JSON or silver's column gave it: numbers by value."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float | Decimal):
+        return str(Decimal(str(value)).normalize())
+    return str(value)
+
+
+def expected_golds(dataset: Dataset, kept: list[dict], gold: Gold, gold_window: str) -> dict[tuple, dict]:
+    """``gold``'s rows from ``kept`` (silver's records, parsed): {(window start, *dimensions): {column: value}}.
+
+    Example::
+
+        expected_golds(ORDERS, [{"ordered_at": "2024-06-01T12:00:00+00:00", ...}], by_shop, "1 minute")
+    """
+    seconds = window_seconds(gold.window or gold_window)
+    instants = {field.name for field in dataset.contract.fields if field.kind is Kind.TIMESTAMP}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for record in kept:
+        at = datetime.fromisoformat(record[dataset.contract.event_time]).astimezone(UTC)
+        groups[(_window_start(at, seconds), *(record.get(name) for name in gold.dimensions))].append(record)
+    rows = {}
+    for key, records in groups.items():
+        row = {}
+        for aggregate in gold.aggregates:
+            values = [record.get(aggregate.field) for record in records] if aggregate.field else []
+            present = [value for value in values if value is not None]
+            if aggregate.field in instants:
+                present = [datetime.fromisoformat(value).astimezone(UTC) for value in present]
+            if aggregate.kind is AggregateKind.COUNT:
+                row[aggregate.column] = len(records)
+            elif aggregate.kind is AggregateKind.SUM:
+                row[aggregate.column] = sum(present) if present else None
+            elif aggregate.kind is AggregateKind.MIN:
+                row[aggregate.column] = min(present) if present else None
+            elif aggregate.kind is AggregateKind.MAX:
+                row[aggregate.column] = max(present) if present else None
+            else:  # an exact or approximate distinct count
+                row[aggregate.column] = len(set(present))
+        rows[key] = row
+    return rows
+
+
+def _same(found, expected, kind: AggregateKind) -> bool:
+    if kind is AggregateKind.APPROX_DISTINCT:
+        return found is not None and abs(found - expected) <= max(1, math.ceil(expected * APPROX_TOLERANCE))
+    if isinstance(expected, float) or isinstance(found, float):
+        return found is not None and math.isclose(float(found), float(expected), rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(found, datetime):
+        return _instant(found) == expected
+    return found == expected
+
+
+def judge_dataset(spark, lakehouse: Lakehouse, dataset: Dataset, committed: list[bytes], gold_window: str) -> dict:
+    """What ``dataset``'s tables in ``lakehouse`` hold that ``committed`` (every record value committed to
+    its topics, in any order) does not warrant, by kind (module docstring): {kind: count}, all 0 when exact.
+    Spark only reads the tables; ``judge_rows`` judges them.
+
+    Example::
+
+        judge_dataset(spark, Lakehouse("/tmp/lake"), ORDERS, values, "1 minute")  # {"bronze": 0, ...}
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+
+    def rows(table: str) -> list[dict]:
+        return [row.asDict() for row in spark.read.format("delta").load(lakehouse.table(table)).collect()]
+
+    golds = {gold.name: rows(dataset.gold_table(gold)) for gold in dataset.golds}
+    tables = (rows(dataset.bronze), rows(dataset.silver), rows(dataset.quarantine))
+    return judge_rows(dataset, committed, *tables, golds, gold_window)
+
+
+def judge_rows(
+    dataset: Dataset,
+    committed: list[bytes],
+    bronze: list[dict],
+    silver: list[dict],
+    quarantine: list[dict],
+    golds: dict[str, list[dict]],
+    gold_window: str,
+) -> dict[str, int]:
+    """``judge_dataset`` on the tables' rows, each a dict of its columns; ``golds`` by gold name.
+
+    Example::
+
+        judge_rows(ORDERS, values, bronze, silver, quarantine, {"by_shop": rows}, "1 minute")["gold"]  # 0
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    window_seconds(gold_window)
+    findings = Counter({"bronze": 0, "silver": 0, "quarantine": 0, "gold": 0})
+    held_values = Counter(bytes(row["value"]) for row in bronze if row["value"] is not None)
+    expected_values = Counter(committed)
+    findings["bronze"] = sum(((held_values - expected_values) + (expected_values - held_values)).values())
+
+    broken = [value for value in committed if value.startswith(BROKEN_PREFIX)]
+    valid = [_parsed(value) for value in committed if not value.startswith(BROKEN_PREFIX)]
+    first_of_key: dict[tuple, dict] = {}
+    for record in valid:
+        first_of_key.setdefault(_key(dataset, record), record)
+    copies = len(valid) - len(first_of_key) if dataset.dedup_key else 0
+    names = [each.name for each in dataset.contract.fields]
+
+    def key_of_row(row: dict) -> tuple:
+        return _key(dataset, {name: _plain(row.get(name)) for name in names})
+
+    held_keys = Counter(key_of_row(row) for row in silver)
+    if dataset.dedup_key:
+        expected_keys = Counter(list(first_of_key))
+    else:
+        expected_keys = Counter(_key(dataset, record) for record in valid)
+    findings["silver"] = sum(((held_keys - expected_keys) + (expected_keys - held_keys)).values())
+
+    silver_at = {(row["topic"], row["partition"], row["offset"]): row for row in silver}
+    duplicates = [row for row in quarantine if (row["reason"] or "").startswith(DUPLICATE_OF)]
+    others = [row for row in quarantine if not (row["reason"] or "").startswith(DUPLICATE_OF)]
+    findings["quarantine"] += abs(len(others) - len(broken)) + abs(len(duplicates) - copies)
+    findings["quarantine"] += sum(
+        1 for row in others if row["value"] is None or not bytes(row["value"]).startswith(BROKEN_PREFIX)
+    )
+    for row in duplicates:
+        # "duplicate of <topic>/<partition>/<offset>": the record silver keeps, of the same key.
+        topic, partition, offset = row["reason"].removeprefix(DUPLICATE_OF).rsplit("/", 2)
+        kept = silver_at.get((topic, int(partition), int(offset)))
+        copy = _parsed(bytes(row["value"])) if row["value"] is not None else {}
+        if kept is None or key_of_row(kept) != _key(dataset, copy):
+            findings["quarantine"] += 1
+    in_both = {(row["topic"], row["partition"], row["offset"]) for row in quarantine} & set(silver_at)
+    findings["quarantine"] += len(in_both)
+
+    kept_records = list(first_of_key.values()) if dataset.dedup_key else valid
+    for gold in dataset.golds:
+        expected = expected_golds(dataset, kept_records, gold, gold_window)
+        found = {
+            (_instant(row["window_start"]), *(row[name] for name in gold.dimensions)): row
+            for row in golds.get(gold.name, [])
+        }
+        findings["gold"] += len(set(found) ^ set(expected))
+        for key in set(found) & set(expected):
+            if not all(
+                _same(found[key][aggregate.column], expected[key][aggregate.column], aggregate.kind)
+                for aggregate in gold.aggregates
+            ):
+                findings["gold"] += 1
+    return dict(findings)
+
+
+def _instant(value: datetime) -> datetime:
+    # A collected timestamp comes back naive, in the session's time zone: this process's.
+    return value.astimezone(UTC)
+
+
+def _plain(value):
+    """A silver value as the producer's JSON wrote it: a timestamp in ISO form is compared as an instant."""
+    if isinstance(value, datetime):
+        return _instant(value).isoformat()
+    return value

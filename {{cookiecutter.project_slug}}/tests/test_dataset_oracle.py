@@ -1,0 +1,162 @@
+"""The oracle for any dataset must be able to fail: each planted fault in a table is reported by its kind.
+
+Plain Python on planted rows, as its reader collects them: no broker, no Spark.
+"""
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from {{ cookiecutter.package_name }}.devtools.oracle import BROKEN_PREFIX, judge_rows, window_seconds
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
+
+CONTRACT = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("customer", Kind.STRING),
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+    ),
+    event_time="ordered_at",
+    dimensions=("shop",),
+    measures=("total",),
+)
+BY_SHOP = Gold(
+    "by_shop",
+    (
+        Aggregate(AggregateKind.COUNT),
+        Aggregate(AggregateKind.SUM, "total"),
+        Aggregate(AggregateKind.MAX, "total"),
+        Aggregate(AggregateKind.DISTINCT, "customer"),
+        Aggregate(AggregateKind.APPROX_DISTINCT, "customer"),
+    ),
+    dimensions=("shop",),
+    window="10 minutes",
+)
+SHOPS = Dataset("shops", CONTRACT, (BY_SHOP,), dedup_key=("order_id",))
+
+
+def order(order_id: str, minute: int, customer: str, total: str) -> bytes:
+    at = f"2024-06-01T12:{minute:02d}:00+00:00"
+    text = json.dumps({"order_id": order_id, "ordered_at": at, "shop": "north", "customer": customer})
+    return (text[:-1] + f', "total": {total}' + "}").encode()  # a JSON number, written as its decimal text
+
+
+O1, O2, BROKEN = order("o1", 1, "ann", "10.00"), order("o2", 2, "bob", "5.50"), BROKEN_PREFIX + b"r-3"
+# o1 sent twice (a retry: the same bytes), o2 once, one broken record.
+COMMITTED = [O1, O2, O1, BROKEN]
+T, AT = "orders", datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def silver_row(offset: int, order_id: str, minute: int, customer: str, total: str) -> dict:
+    return {
+        "topic": T,
+        "partition": 0,
+        "offset": offset,
+        "order_id": order_id,
+        "ordered_at": AT.replace(minute=minute),
+        "shop": "north",
+        "customer": customer,
+        "total": Decimal(total),
+    }
+
+
+def tables() -> dict:
+    return {
+        "bronze": [{"value": value} for value in COMMITTED],
+        "silver": [silver_row(0, "o1", 1, "ann", "10.00"), silver_row(1, "o2", 2, "bob", "5.50")],
+        "quarantine": [
+            {"topic": T, "partition": 0, "offset": 2, "value": O1, "reason": f"duplicate of {T}/0/0"},
+            {"topic": T, "partition": 0, "offset": 3, "value": BROKEN, "reason": "not valid JSON"},
+        ],
+        "golds": {
+            "by_shop": [
+                {
+                    "window_start": AT,
+                    "shop": "north",
+                    "event_count": 2,
+                    "total_sum": Decimal("15.50"),
+                    "total_max": Decimal("10.00"),
+                    "customer_distinct": 2,
+                    "customer_approx_distinct": 2,
+                }
+            ]
+        },
+    }
+
+
+def found(planted: dict) -> dict[str, int]:
+    result = judge_rows(
+        SHOPS,
+        COMMITTED,
+        planted["bronze"],
+        planted["silver"],
+        planted["quarantine"],
+        planted["golds"],
+        "1 minute",
+    )
+    return {kind: count for kind, count in result.items() if count}
+
+
+def test_the_oracle_finds_nothing_when_each_record_landed_once_and_each_key_was_kept_once():
+    assert found(tables()) == {}
+
+
+def test_the_oracle_reports_a_record_bronze_holds_twice_or_lacks():
+    planted = tables()
+    planted["bronze"].append({"value": O2})
+    assert found(planted) == {"bronze": 1}
+    planted["bronze"] = planted["bronze"][1:-1]
+    assert found(planted) == {"bronze": 1}
+
+
+def test_the_oracle_reports_a_business_key_silver_holds_twice():
+    planted = tables()
+    planted["silver"].append(silver_row(2, "o1", 1, "ann", "10.00"))
+    planted["quarantine"].pop(0)
+    assert found(planted) == {"silver": 1, "quarantine": 1}
+
+
+def test_the_oracle_reports_a_copy_naming_a_record_of_another_key():
+    planted = tables()
+    planted["quarantine"][0]["reason"] = f"duplicate of {T}/0/1"
+    assert found(planted) == {"quarantine": 1}
+
+
+def test_the_oracle_reports_a_broken_record_kept_out_of_quarantine():
+    planted = tables()
+    planted["quarantine"].pop()
+    assert found(planted) == {"quarantine": 1}
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("event_count", 3),
+        ("total_sum", Decimal("25.50")),
+        ("total_max", Decimal("5.50")),
+        ("customer_distinct", 1),
+        ("customer_approx_distinct", 4),
+    ],
+)
+def test_the_oracle_reports_a_gold_aggregate_the_kept_records_do_not_give(column, value):
+    planted = tables()
+    planted["golds"]["by_shop"][0][column] = value
+    assert found(planted) == {"gold": 1}
+
+
+def test_the_oracle_reports_a_gold_window_no_record_falls_in():
+    planted = tables()
+    planted["golds"]["by_shop"].append({**planted["golds"]["by_shop"][0], "window_start": AT.replace(hour=13)})
+    assert found(planted) == {"gold": 1}
+
+
+def test_a_window_duration_is_read_in_plain_words():
+    assert window_seconds("10 minutes") == 600
+    assert window_seconds("1 hour") == 3600
+    with pytest.raises(ValueError, match="a number and a unit"):
+        window_seconds("10m")
