@@ -47,7 +47,7 @@ what the world does to them:
 
 Where the project has a second dataset (``datasets/``), it runs beside the first from a topic of its own:
 one ``produce`` in three also commits or aborts a transaction of its records (drawn from its contract,
-retries of a record among them, every 17th broken), and one ``crash`` in three also kills one of its
+retries of a record among them, every 17th broken), and every ``crash`` also kills one of its
 streams at a crash point (its silver between its two commits and its fused stream between its commits
 too); every run of a layer or of ``all`` runs its streams too, and each drain judges its tables with its
 own oracle (``oracle.py``) and audits it. Its draws come after the first dataset's in each action, so
@@ -162,7 +162,7 @@ MAX_TOPICS = 3
 LATE_EVERY, MAX_DAYS_LATE = 6, 7
 # One transaction in this many gives its records the Kafka keys of earlier records.
 REPEAT_KEYS_EVERY = 4
-# One produce (and one crash) in this many is the second dataset's, where the project has one.
+# One produce in this many also sends the second dataset's records, where the project has one.
 SECOND_DATASET_EVERY = 3
 # A compacted topic whose log cleaner removes superseded records within seconds: segments roll after a
 # second and are cleaned as soon as any of them is superseded.
@@ -924,7 +924,7 @@ class Nemesis:
             self.expect_ok(f"run --layer {stream} with a crash point", code, output)
         detail = f"{stream}:{point}:{batch} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
         # Drawn after the first dataset's crash: it is the same with a second dataset or without.
-        if self.second is not None and self.rng.randrange(SECOND_DATASET_EVERY) == 0:
+        if self.second is not None:
             detail += f"; {self._crash_second()}"
         return detail
 
@@ -943,8 +943,8 @@ class Nemesis:
             stream, layer = fused_stream(second).name, FUSED_STREAM
         inner = {second.stream("silver"): (BETWEEN_SINK_COMMITS,), second.stream("fused"): FUSED_POINTS}
         point = self.rng.choice((*POINTS, *inner.get(stream, ())))
-        self.produce(committed=False, second=True, count=self.rng.randint(1, self.records_per_transaction))
-        self.produce(committed=True, second=True, count=self.rng.randint(1, self.records_per_transaction))
+        self._produce_second(False, self.rng.randint(1, self.records_per_transaction))
+        self._produce_second(True, self.rng.randint(1, self.records_per_transaction))
         above = {"silver": ("bronze",), "gold": ("bronze", "silver")}.get(layer, ())
         for upstream in above:
             code, output = self._run(["run", "--layer", upstream, "--dataset", second.name, "--available-now"], None)

@@ -421,6 +421,8 @@ def switch_command(to: Mode, dataset: Dataset = EVENTS_DATASET) -> str:
     """
     if not isinstance(to, Mode):
         raise TypeError(f"to must be a Mode, not {type(to).__name__}")
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
     named = "" if dataset.naming is Naming.SOLE else f" --dataset {dataset.name}"
     return f"checkpoints switch {to.value}{named}"
 
