@@ -109,6 +109,24 @@ def record_id(value: bytes | None) -> str:
         return "?"
 
 
+def send_transaction(producer: Producer, topic: str, records: list[tuple[bytes | None, bytes]], commit: bool) -> None:
+    """One transaction of ``records`` ((key, value) each) to ``topic``: committed, or aborted once its records
+    are in the log.
+
+    Example::
+
+        send_transaction(producer, "events", [(b"r-1", b'{"event_id": "r-1", ...}')], commit=False)
+    """
+    producer.begin_transaction()
+    for key, value in records:
+        producer.produce(topic, key=key, value=value)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)  # the aborted records really reach the log, behind an abort marker
+        producer.abort_transaction(30)
+
+
 def produce_numbered(
     producer_config: dict,
     topic: str,
@@ -130,16 +148,12 @@ def produce_numbered(
             numbered_record(run, number, rng)
             for number in range(index * transaction_size, min(records, (index + 1) * transaction_size))
         ]
-        producer.begin_transaction()
-        for key, value in batch:
-            producer.produce(topic, key=key.encode(), value=value)
-        if index % ABORT_EVERY == ABORT_EVERY - 1:
-            producer.flush(30)  # the aborted records really reach the log, behind an abort marker
-            producer.abort_transaction(30)
-            ledger.aborted.update(key for key, _ in batch)
-        else:
-            producer.commit_transaction(30)
+        committed = index % ABORT_EVERY != ABORT_EVERY - 1
+        send_transaction(producer, topic, [(key.encode(), value) for key, value in batch], committed)
+        if committed:
             ledger.committed.update(batch)
+        else:
+            ledger.aborted.update(key for key, _ in batch)
         time.sleep(pause)
 
 
@@ -173,16 +187,12 @@ def produce_dataset_records(
     pause = duration_s / max(transactions, 1)
     for index in range(transactions):
         batch = values[index * transaction_size : (index + 1) * transaction_size]
-        producer.begin_transaction()
-        for value in batch:
-            producer.produce(topic, value=value)
-        if index % ABORT_EVERY == ABORT_EVERY - 1:
-            producer.flush(30)
-            producer.abort_transaction(30)
-            ledger.second_aborted += len(batch)
-        else:
-            producer.commit_transaction(30)
+        committed = index % ABORT_EVERY != ABORT_EVERY - 1
+        send_transaction(producer, topic, [(None, value) for value in batch], committed)
+        if committed:
             ledger.second.extend(batch)
+        else:
+            ledger.second_aborted += len(batch)
         time.sleep(pause)
 
 

@@ -115,6 +115,7 @@ from .chaos import (
     pipeline_command,
     read_topic,
     record_id,
+    send_transaction,
     storage_env,
     wait_while_running,
 )
@@ -781,19 +782,15 @@ class Nemesis:
         repeat = self.rng.randrange(REPEAT_KEYS_EVERY) == 0 if repeat is None else repeat
         repeat = repeat and bool(earlier)
         keys = [self.rng.choice(earlier) if repeat else name for name, _ in batch]
-        self.producer.begin_transaction()
-        for key, (_, value) in zip(keys, batch, strict=True):
-            self.producer.produce(topic, key=key.encode(), value=value)
+        records = [(key.encode(), value) for key, (_, value) in zip(keys, batch, strict=True)]
+        send_transaction(self.producer, topic, records, committed)
         self.produced += count
         if not repeat:
             self.keys.setdefault(topic, []).extend(keys)
         if committed:
-            self.producer.commit_transaction(30)
             self.ledger.committed.update(batch)
             self.placed.update({name: (topic, key) for (name, _), key in zip(batch, keys, strict=True)})
         else:
-            self.producer.flush(30)  # the aborted records reach the log, behind an abort marker
-            self.producer.abort_transaction(30)
             self.ledger.aborted.update(name for name, _ in batch)
         late = f", {days_late} days late" if days_late else ""
         to = f" to {topic}" if len(self.topics) > 1 else ""
@@ -809,15 +806,10 @@ class Nemesis:
 
     def _produce_second(self, committed: bool, count: int) -> str:
         values = [next(self.second_values) for _ in range(count)]
-        self.producer.begin_transaction()
-        for value in values:
-            self.producer.produce(self.second_topic, value=value)
+        send_transaction(self.producer, self.second_topic, [(None, value) for value in values], committed)
         if committed:
-            self.producer.commit_transaction(30)
             self.ledger.second.extend(values)
         else:
-            self.producer.flush(30)
-            self.producer.abort_transaction(30)
             self.ledger.second_aborted += count
         return f"{count} {self.second.name} records {'committed' if committed else 'aborted'}"
 
