@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
-from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka, partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.dataset import DATASET_NAME_PATTERN
@@ -345,7 +345,7 @@ def committed_records(config: Config, topics: list[str]) -> dict[tuple[str, int,
     try:
         assignment, ends = [], []
         for topic in topics:
-            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
+            for partition in partitions_with_leaders(consumer, topic):
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
                 if high > low:
                     assignment.append(TopicPartition(topic, partition, low))

@@ -31,7 +31,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
+from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka, partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.bronze import FIRST_OFFSETS, resume_offsets
 from {{ cookiecutter.package_name }}.pipeline.config import duration_seconds
@@ -927,7 +927,7 @@ def partition_ends(config, topic: str) -> dict[int, int]:
     """{partition: the offset Kafka will give its next record}, read by a plain consumer."""
     consumer = Consumer(client_config(config, **{"group.id": f"ends-{time.monotonic_ns()}"}))
     try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        partitions = partitions_with_leaders(consumer, topic)
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     finally:
         consumer.close()

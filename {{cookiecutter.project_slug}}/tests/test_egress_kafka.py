@@ -31,6 +31,7 @@ from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.streams import _run_until_stopped
+from {{ cookiecutter.package_name }}.devtools.kafka_local import partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import (
@@ -102,7 +103,7 @@ def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict
     )
     records: list[Record] = []
     try:
-        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        partitions = partitions_with_leaders(consumer, topic)
         ends = {}
         for partition in partitions:
             ends[partition] = watermarks(consumer, TopicPartition(topic, partition))

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 
+from {{ cookiecutter.package_name }}.devtools.kafka_local import partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline import fused
 from {{ cookiecutter.package_name }}.pipeline.config import Mode
@@ -38,7 +39,7 @@ def delete_every_record(config, topic: str) -> None:
     """What retention does once the records are old enough: Kafka deletes all of them."""
     consumer = Consumer(client_config(config, **{"group.id": f"ends-{os.getpid()}"}))
     try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        partitions = partitions_with_leaders(consumer, topic)
         ends = [
             TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1])
             for p in partitions

@@ -133,7 +133,11 @@ def test_restart_keeps_address_and_data(kafka: LocalKafka) -> None:
         squatter.bind(("127.0.0.1", old_controller_port))
         squatter.listen()
         assert kafka.start() == bootstrap
+    # Ready means the broker answers: a reader asks for the topic's leaders until it has loaded them.
+    assert kafka_local.partitions_with_leaders(AdminClient({"bootstrap.servers": bootstrap}), topic) == [0]
     assert consume_all(bootstrap, topic, "read_committed") == ["kept"]
+    with pytest.raises(RuntimeError, match=r"^never-created: no leader for every partition within 1 s"):
+        kafka_local.partitions_with_leaders(AdminClient({"bootstrap.servers": bootstrap}), "never-created", timeout_s=1)
 
 
 def _broker_pids(config_path: Path) -> list[int]:

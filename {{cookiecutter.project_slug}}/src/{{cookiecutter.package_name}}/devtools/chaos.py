@@ -36,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from py4j.java_gateway import JavaClass
 
+from .kafka_local import partitions_with_leaders
 from .oracle import BROKEN_PREFIX, judge_dataset
 from .sample import EVENT_TYPES, contract_records
 
@@ -302,7 +303,7 @@ def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int,
         }
     )
     try:
-        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        partitions = partitions_with_leaders(consumer, topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         records, ended, deadline = [], set(), time.monotonic() + 120
         while len(ended) < len(partitions):

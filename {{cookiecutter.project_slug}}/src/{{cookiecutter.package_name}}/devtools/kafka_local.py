@@ -362,3 +362,31 @@ class LocalKafka:
 
 def running_bootstrap(home: Path) -> str | None:
     return LocalKafka(home).bootstrap_servers
+
+
+def partitions_with_leaders(client, topic: str, timeout_s: float = 60.0) -> list[int]:
+    """The partitions of ``topic``, each with a leader, asked again while a broker that has just (re)started
+    has not loaded the topic yet: until then its metadata names the topic with an error and no partitions,
+    or with partitions that have no leader, and a reader taking that answer would read nothing.
+
+    ``client`` is any confluent-kafka client (a Consumer, a Producer or an AdminClient).
+
+    Example::
+
+        partitions = partitions_with_leaders(consumer, "events")
+    """
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic must be a non-empty string, not {topic!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = client.list_topics(topic, timeout=min(30.0, timeout_s)).topics.get(topic)
+        partitions = {} if found is None else found.partitions
+        if found is not None and found.error is None and partitions:
+            if all(partition.leader >= 0 and partition.error is None for partition in partitions.values()):
+                return sorted(partitions)
+        if time.monotonic() > deadline:
+            answer = "no metadata" if found is None else f"error {found.error}, partitions {sorted(partitions)}"
+            raise RuntimeError(f"{topic}: no leader for every partition within {timeout_s:g} s ({answer})")
+        time.sleep(0.5)
