@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_co
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, datasets_kafka, kafka_of
-from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed_names
+from {{ cookiecutter.package_name }}.pipeline.egress import configure, installed, installed_names, settings_of, targets
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, spark_source_options
 
 PACKAGED_LOCAL = resources.files("{{ cookiecutter.package_name }}").joinpath("conf", "local.toml").read_text()
@@ -109,6 +109,36 @@ def test_an_egress_table_of_an_egress_the_project_lacks_is_refused_naming_it(tmp
     assert config.egress_sections["egress_nowhere"] == {"topic": "x"}
     with pytest.raises(ConfigError, match="^egress_nowhere: unknown section: this project has no such egress"):
         configure(config, environ={"PIPELINE_EGRESS": "none"})
+
+
+@pytest.mark.skipif(not installed_names(), reason="a bake without an egress has no egress section")
+def test_each_gold_an_egress_names_has_a_stream_of_its_own_and_a_wrong_name_stops_at_start_up():
+    egress = installed_names()[0]
+    module = installed()[egress]
+    section, variable = module.SECTION, module.Settings.variables("golds")[0]
+    config = load_config("local", environ={})
+    first = getattr(settings_of(configure(config, environ={}))[egress], module.DESTINATION)
+    others = [(dataset, gold) for dataset in DATASETS for gold in dataset.golds][1:]
+    entries = {f"{dataset.name}.{gold.name}": f"out_{dataset.name}_{gold.name}" for dataset, gold in others}
+    environ = {variable: ", ".join(f"{name}={out}" for name, out in entries.items())}
+
+    published = [each for each in targets(configure(config, environ)).values() if each.stream.endswith(egress)]
+    assert [(each.stream, each.destination) for each in published] == [
+        (egress, first),
+        *((f"{dataset.gold_stream(gold)}_{egress}", f"out_{dataset.name}_{gold.name}") for dataset, gold in others),
+    ]
+    assert [(each.dataset, each.gold) for each in published] == [(DATASETS[0], DATASETS[0].golds[0]), *others]
+    refusals = {
+        f"{DATASETS[0].name}.nowhere=x": rf"^{section}\.golds: '{DATASETS[0].name}\.nowhere' is no declared gold",
+        f"{DATASETS[0].name}.{DATASETS[0].golds[0].name}=x": rf"^{section}\.golds: .* publishes already$",
+        "no-equals-sign": rf"^{variable}: 'no-equals-sign' is not key=value \({section}\.golds\)",
+    }
+    if others:
+        shared = f"{others[0][0].name}.{others[0][1].name}={first}"
+        refusals[shared] = rf"^{section}\.golds: '{first}' is where stream {egress} publishes already"
+    for value, refusal in refusals.items():
+        with pytest.raises(ConfigError, match=refusal):
+            configure(config, environ={variable: value})
 
 
 def test_environment_overrides_the_file():

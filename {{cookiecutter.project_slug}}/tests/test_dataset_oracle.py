@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from {{ cookiecutter.package_name }}.devtools.oracle import BROKEN_PREFIX, judge_rows, window_seconds
+from {{ cookiecutter.package_name }}.devtools.oracle import BROKEN_PREFIX, judge_published, judge_rows, window_seconds
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 
@@ -153,6 +153,20 @@ def test_the_oracle_reports_a_gold_window_no_record_falls_in():
     planted = tables()
     planted["golds"]["by_shop"].append({**planted["golds"]["by_shop"][0], "window_start": AT.replace(hour=13)})
     assert found(planted) == {"gold": 1}
+
+
+def test_a_published_gold_is_judged_from_its_json_values_and_a_wrong_or_missing_row_is_reported():
+    # As a consumer folds an egress's topic: the window start as ISO text, numbers exact.
+    published = json.loads(
+        '{"window_start": "2024-06-01T12:00:00.000000Z", "shop": "north", "event_count": 2, "total_sum": 15.50, '
+        '"total_max": 10.00, "customer_distinct": 2, "customer_approx_distinct": 2, "gold_version": 4}',
+        parse_float=Decimal,
+    )
+    assert judge_published(SHOPS, COMMITTED, BY_SHOP, [published], "1 minute") == 0
+    assert judge_published(SHOPS, COMMITTED, BY_SHOP, [{**published, "total_sum": Decimal("16.50")}], "1 minute") == 1
+    assert judge_published(SHOPS, COMMITTED, BY_SHOP, [], "1 minute") == 1
+    with pytest.raises(ValueError, match="one of the golds of dataset 'shops'"):
+        judge_published(SHOPS, COMMITTED, Gold("other", (Aggregate(AggregateKind.COUNT),)), [], "1 minute")
 
 
 def test_a_window_duration_is_read_in_plain_words():

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.pipeline.config import Settings
 from {{ cookiecutter.package_name }}.pipeline.dataset import Dataset
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse
-from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names
+from {{ cookiecutter.package_name }}.pipeline.egress import installed, installed_names, installed_streams
 from {{ cookiecutter.package_name }}.pipeline.kafka.identity import compacted_records
 from {{ cookiecutter.package_name }}.pipeline.kafka.retention import lost_records
 from {{ cookiecutter.package_name }}.pipeline.recovery import crash_points
@@ -71,9 +71,14 @@ def test_the_runbook_lists_every_command_with_every_flag_and_choice_and_no_other
             assert re.search(rf"{flag}(?![\w-])", synopses), f"runbook.md: `{name}` takes {flag}, not listed"
         for flag in set(re.findall(r"--[a-z][a-z-]*", synopses)):
             assert flag in flags, f"runbook.md: `{name}` is listed with {flag}, which it does not take"
-        # Datasets are the project's own (datasets/): `--dataset NAME` stands for their names, and a later
-        # dataset's streams are listed as `<dataset>_<layer>`.
+        # Datasets are the project's own (datasets/): `--dataset NAME` stands for their names, a later
+        # dataset's streams are listed as `<dataset>_<layer>`, and an egress stream of a gold beyond the
+        # first as `<the gold's stream>_<egress>`.
         later = {name for each in DATASETS[1:] for name in (*each.streams, each.stream("fused"))}
+        others = set(installed_streams()) - set(installed_names())
+        if others & {choice for action in parser._actions for choice in action.choices or ()}:
+            assert "`<the gold's stream>_<egress>`" in entries[path], f"runbook.md: `{name}`: other golds' egresses"
+        later |= others
         for action in (action for action in parser._actions if action.dest != "dataset"):
             for choice in set(action.choices or ()) - later:
                 assert f"{choice}" in entries[path], f"runbook.md: `{name}` takes {choice!r}, not listed"

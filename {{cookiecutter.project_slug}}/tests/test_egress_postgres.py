@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -29,9 +30,11 @@ from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgre
 from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, QUARANTINE, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import installed as installed_egresses
+from {{ cookiecutter.package_name }}.pipeline.egress import target_stream
 from {{ cookiecutter.package_name }}.pipeline.egress.postgres import (
     SECTION,
     STREAM,
@@ -687,3 +690,143 @@ def test_calendar_edge_event_times_run_through_every_egress_once_each_in_one_dri
     report = json.loads(capsys.readouterr().out)["datasets"]["events"]
     egresses = ["postgres_egress", *(["kafka_egress"] if with_kafka else [])]
     assert sorted({*report["errors"], *report["warnings"]} - set(findings.keys(egresses))) == []
+
+
+# --- golds beyond the first: each published by a stream of its own ------------------------------
+
+
+def plain(value: object) -> object:
+    """A published or mirrored value as plain Python: a timestamp as a UTC instant, a number exact."""
+    if isinstance(value, str) and value[:4].isdigit() and "T" in value:
+        return datetime.fromisoformat(value).astimezone(UTC)
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, float):
+        raise AssertionError(f"a float where an exact number is published: {value!r}")
+    return value
+
+
+def gold_table_rows(spark, config, table: str, columns: tuple[str, ...]) -> set[tuple]:
+    """The gold table's rows, timestamps read as exact epoch microseconds and made UTC instants."""
+    as_micros = [F.unix_micros(c).alias(c) if c in TIMESTAMPS else F.col(c) for c in columns]
+    rows = spark.read.format("delta").load(Lakehouse(config.lakehouse_root).table(table)).select(*as_micros).collect()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return {
+        tuple(epoch + timedelta(microseconds=v) if c in TIMESTAMPS else v for c, v in zip(columns, row, strict=True))
+        for row in rows
+    }
+
+
+def topic_fold(records: dict, topic: str, columns: tuple[str, ...], key: tuple[str, ...]) -> tuple[set[tuple], list]:
+    """The topic folded by key in log order, from its values alone (this gold never deletes a row), and
+    every (key, gold_version) it holds, in log order."""
+    state, versions = {}, []
+    for (found_topic, _, _), value in sorted(records.items()):
+        if found_topic != topic:
+            continue
+        row = json.loads(value, parse_float=Decimal)
+        state[tuple(row[name] for name in key)] = tuple(plain(row[name]) for name in columns)
+        versions.append((tuple(row[name] for name in key), row["gold_version"]))
+    return set(state.values()), versions
+
+
+def order_records(prefix: str, count: int, start: datetime) -> list[tuple[bytes, bytes]]:
+    """Orders of three shops and five customers, one every two minutes; the fourth sent again as a retry."""
+    records = []
+    for number in range(count):
+        at = (start + timedelta(minutes=2 * number)).isoformat().replace("+00:00", "Z")
+        value = {"order_id": f"{prefix}-{number}", "ordered_at": at, "shop": f"shop-{number % 3}"}
+        text = json.dumps({**value, "customer": f"c{number % 5}"})
+        records.append((f"{prefix}-{number}".encode(), (text[:-1] + f', "total": {number}.25}}').encode()))
+    return [*records, records[3]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(DATASETS) < 2, reason="a bake with one dataset has no gold beyond the first")
+def test_each_gold_an_egress_names_goes_out_once_by_its_own_stream_through_a_crash_and_the_audit(
+    spark, config, postgres, kafka_oracle, monkeypatch, capsys
+):
+    with_kafka = "kafka_egress" in installed_egresses()
+    second = DATASETS[1]
+    by_shop, hourly = second.golds[0], second.golds[-1]
+    run_id = f"{os.getpid()}-{time.monotonic_ns()}"
+    orders, first_out, by_shop_out, hourly_out = (f"{name}-{run_id}" for name in ("orders", "gold", "shop", "hourly"))
+    admin = AdminClient(client_config(config))
+    topics = [NewTopic(orders, num_partitions=2, replication_factor=1)]
+    topics += [
+        NewTopic(name, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+        for name in (first_out, by_shop_out, hourly_out)
+    ]
+    for future in admin.create_topics(topics).values():
+        future.result(timeout=30)
+    dsn, password = postgres
+    mirror = f"mirror_{second.name}_{by_shop.name}"
+    for name, value in {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "KAFKA_TOPICS": ",".join(config.kafka.topics),
+        f"DATASET_{second.name.upper()}_TOPICS": orders,
+        "PIPELINE_DATASETS": second.name,
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        "PIPELINE_EGRESS": "egress_kafka,egress_postgres" if with_kafka else "egress_postgres",
+        "EGRESS_KAFKA_TOPIC": first_out,
+        # Both golds of the second dataset to Kafka, one of them to PostgreSQL.
+        "EGRESS_KAFKA_GOLDS": f"{second.name}.{by_shop.name}={by_shop_out}, {second.name}.{hourly.name}={hourly_out}",
+        "EGRESS_POSTGRES_DSN": dsn,
+        "EGRESS_POSTGRES_PASSWORD": password,
+        "EGRESS_POSTGRES_TABLE": f"gold_first_{os.getpid()}",
+        "EGRESS_POSTGRES_GOLDS": f"{second.name}.{by_shop.name}={mirror}",
+    }.items():
+        monkeypatch.setenv(name, value)
+    streams = {
+        (egress, gold.name): target_stream(egress, second, gold)
+        for egress in ("kafka_egress", "postgres_egress")
+        for gold in (by_shop, hourly)
+    }
+    t0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+    produce(client_config(config), orders, order_records("a", 20, t0))
+    # The dataset's streams, then the egress streams of its golds.
+    run_orders = ["run", "--layer", "all", "--available-now", "--dataset", second.name]
+    assert main(run_orders) == 0, capsys.readouterr().err[-3000:]
+
+    # The second batch updates windows the first wrote; an egress of a gold beyond the first is killed
+    # inside it (the Kafka one between its produce and its commit), and the next run replays it.
+    produce(client_config(config), orders, order_records("b", 20, t0 + timedelta(minutes=30)))
+    stream, point = (streams["kafka_egress", by_shop.name], AFTER_PRE_COMMIT)
+    if not with_kafka:
+        stream, point = (streams["postgres_egress", by_shop.name], AFTER_SINK_COMMIT)
+    crash_at = f"{stream}:{point}:1"
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *run_orders]
+    crashed = subprocess.run(command, env={**os.environ, CRASH_POINT_VAR: crash_at}, capture_output=True, text=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert f"crash point {crash_at}" in crashed.stderr
+    assert main(run_orders) == 0, capsys.readouterr().err[-3000:]
+
+    # Judged from outside: each topic folds to its gold, and no gold version went out twice.
+    published = kafka_oracle(config, [by_shop_out, hourly_out]) if with_kafka else {}
+    for gold, out in ((by_shop, by_shop_out), (hourly, hourly_out)):
+        expected = gold_table_rows(spark, config, second.gold_table(gold), gold.columns)
+        assert len(expected) > 1
+        folded, versions = topic_fold(published, out, gold.columns, gold.key)
+        assert folded == (expected if with_kafka else set())
+        assert len(versions) == len(set(versions)), f"{out}: a gold version published twice"
+    # The table PostgreSQL mirrors holds the gold's rows; the gold it was not asked for has no table.
+    with connect(postgres) as conn:
+        rows = conn.execute(f"SELECT {', '.join(by_shop.columns)} FROM {mirror}").fetchall()
+        markers_there = conn.execute(f"SELECT count(*) FROM {mirror}_egress_batches").fetchone()[0]
+        unasked = conn.execute("SELECT to_regclass(%s)", [f"gold_{second.name}_{hourly.name}"]).fetchone()[0]
+    assert {tuple(plain(value) for value in row) for row in rows} == gold_table_rows(
+        spark, config, second.gold_table(by_shop), by_shop.columns
+    )
+    assert markers_there == 1 and unasked is None
+    assert not Path(Lakehouse(config.lakehouse_root).checkpoint(streams["postgres_egress", hourly.name])).exists()
+
+    # The audit reconciles each egress stream with its own gold, under the stream's own keys.
+    capsys.readouterr()
+    assert main(["audit", "--json", "--dataset", second.name]) == 0, capsys.readouterr().out[-3000:]
+    report = json.loads(capsys.readouterr().out)["datasets"][second.name]
+    audited = [stream for (egress, _), stream in streams.items() if egress == "kafka_egress" and with_kafka]
+    audited.append(streams["postgres_egress", by_shop.name])
+    for stream in audited:
+        assert report["errors"][f"{stream}_rows_not_matching_gold"] == 0
+        assert report["counts"][f"{stream}_rows"] > 1
+    assert sorted({*report["errors"], *report["warnings"]} - set(findings.keys(audited))) == []

@@ -32,6 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 from ..devtools.chaos import KAFKA_EGRESS, POSTGRES_EGRESS
 from ..devtools.sample import EVENT_TYPES
 from ..pipeline.config import Config
+from ..pipeline.datasets.events import DATASET as EVENTS_DATASET
 from ..pipeline.datasets.events import EVENTS
 from ..pipeline.delta.tables import GOLD, Lakehouse, ensure_tables
 from ..pipeline.egress import configure, installed_names
@@ -55,7 +56,7 @@ def measure(bench: Bench) -> None:
     with ExitStack() as servers:
         config, sinks = _phase_config(bench, root, servers)
         lakehouse = Lakehouse(config.lakehouse_root)
-        ensure_tables(bench.spark, lakehouse, change_feed=True)
+        ensure_tables(bench.spark, lakehouse, change_feed=EVENTS_DATASET.golds[:1])
         gold = lakehouse.table(GOLD)
 
         def add_version(first_window: int, end_window: int, files: int = 1, limit: int | None = None) -> None:

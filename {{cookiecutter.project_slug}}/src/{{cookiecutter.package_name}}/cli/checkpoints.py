@@ -24,7 +24,7 @@ from ..pipeline.delta.tables import (
     set_properties,
     with_downstream,
 )
-from ..pipeline.egress import configured, installed_names
+from ..pipeline.egress import configured, installed_streams
 from ..pipeline.egress import stream as egress_stream
 from ..pipeline.kafka import retention
 from ..pipeline.recovery import checkpoints, rebuild
@@ -50,7 +50,7 @@ def register(commands) -> None:
     reset = actions.add_parser("reset", help="reset a stream and everything downstream of it")
     layered = [name for each in DATASETS for name in each.streams]
     fused = [each.stream("fused") for each in DATASETS]
-    reset.add_argument("stream", choices=[*layered, *fused, *installed_names()])
+    reset.add_argument("stream", choices=[*layered, *fused, *installed_streams()])
     reset.add_argument("--yes", action="store_true", help="do not ask (required when not on a terminal)")
     reset.add_argument("--only", action="store_true", help="this stream only; downstream goes on (tables intact)")
     reset.set_defaults(
@@ -249,7 +249,7 @@ def reset_checkpoints(
                 pipeline_streams.check_mode(spark, lakehouse, stream, declared)
             with LiveLine(spark, f"resetting {names}" + (": rebuilding tables" if rebuilt else "")):
                 done = pipeline_streams.reset(
-                    spark, lakehouse, streams, config.gold_window, declared or DATASETS[0], config=config
+                    spark, lakehouse, streams, config.gold_window, declared or streams[0].dataset, config=config
                 )
     except (LeaseHeld, TableSchemaError, checkpoints.CheckpointError) as error:
         print(f"refusing to reset {names}: {error}", file=sys.stderr)

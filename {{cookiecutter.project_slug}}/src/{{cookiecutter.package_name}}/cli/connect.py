@@ -38,11 +38,18 @@ def check_egress(config: Config, asked: str | None = None, provision: bool = Fal
 
     Raises ConfigError naming the setting when an egress cannot be reached or refuses the login.
     """
-    from ..pipeline.egress import configured, installed_names, settings_of
+    from ..pipeline.egress import configured, installed, installed_streams, settings_of, target_egress
 
-    if asked in installed_names() and asked not in settings_of(config):
+    if asked in installed_streams() and asked not in configured(config):
+        section = f"egress_{target_egress(asked).removesuffix('_egress')}"
+        if asked != target_egress(asked):
+            raise ConfigError(
+                f"{asked}: is off: {section}.golds does not name its gold, or {section} is missing, or "
+                "PIPELINE_EGRESS leaves it out"
+            )
         raise ConfigError(f"{asked}: is off: its config section is missing or PIPELINE_EGRESS leaves it out")
-    for module in configured(config).values():
+    for egress in settings_of(config):
+        module = installed()[egress]  # once per egress: it reaches each destination it publishes to
         if provision:
             module.provision_local(config)
         module.check_connection(config)

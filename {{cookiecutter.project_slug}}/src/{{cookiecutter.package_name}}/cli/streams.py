@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from ..pipeline.config import Config, ConfigError
 from ..pipeline.dataset import Dataset
 from ..pipeline.datasets import DATASETS
-from ..pipeline.egress import installed_names
+from ..pipeline.egress import installed_streams
 from .connect import connect, spark_session
 from .exit_codes import ExitCode
 from .live import LiveLine
@@ -23,7 +23,7 @@ from .live import LiveLine
 def register(commands) -> None:
     run_parser = commands.add_parser("run", help="run pipeline streams")
     run_parser.add_argument(
-        "--layer", choices=["bronze", "silver", "gold", "fused", *installed_names(), "all"], default="all"
+        "--layer", choices=["bronze", "silver", "gold", "fused", *installed_streams(), "all"], default="all"
     )
     run_parser.add_argument("--available-now", action="store_true", help="process everything available, then exit 0")
     add_dataset_argument(run_parser, "the dataset whose streams run (default: every dataset)")
@@ -35,7 +35,7 @@ def register(commands) -> None:
 
     show_parser = commands.add_parser("show", help="print tables (one Spark start for all of them)")
     show_parser.add_argument(
-        "tables", nargs="+", metavar="table", choices=["bronze", "silver", "quarantine", "gold", *installed_names()]
+        "tables", nargs="+", metavar="table", choices=["bronze", "silver", "quarantine", "gold", *installed_streams()]
     )
     show_parser.add_argument("--limit", type=int, default=20, help="rows printed per table")
     add_dataset_argument(show_parser, "print this dataset's tables (default: every dataset's)")
@@ -67,7 +67,7 @@ def datasets_of(config: Config, name: str | None) -> tuple[Dataset, ...]:
 def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[str, ...]:
     """The streams `run --layer LAYER [--dataset NAME]` starts, in the order an availableNow run takes them:
     that layer's streams of each dataset named (every gold's stream for "gold"), or all their streams for
-    "all", then the egresses, which publish the first dataset's gold; an egress by its name.
+    "all", then the egress streams that publish their golds; an egress stream by its name.
 
     Example::
 
@@ -75,9 +75,9 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
     """
     from ..pipeline.config import Mode
     from ..pipeline.delta.tables import dataset_streams, fused_stream
-    from ..pipeline.egress import configured
+    from ..pipeline.egress import configured, target
 
-    if layer in installed_names():
+    if layer in installed_streams():
         return (layer,)
     datasets = datasets_of(config, dataset)
     fused = layer == "fused" or (layer == "all" and config.mode is Mode.FUSED)
@@ -87,8 +87,10 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
             names.append(fused_stream(each).name)
         else:
             names.extend(name for name, stream in dataset_streams(each).items() if layer in ("all", stream.layer))
-    egresses = tuple(configured(config)) if layer == "all" and DATASETS[0] in datasets else ()
-    return (*names, *egresses)
+    if layer != "all":
+        return tuple(names)
+    running = {each.name for each in datasets}
+    return (*names, *(name for name in configured(config) if target(config, name).dataset.name in running))
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
@@ -229,14 +231,13 @@ def describe(config: Config) -> dict:
     from ..pipeline.config import Mode
     from ..pipeline.datasets import config_of, running
     from ..pipeline.delta.tables import Lakehouse, dataset_streams, fused_stream, table_schemas
-    from ..pipeline.egress import configured
+    from ..pipeline.egress import configured, target
 
     lakehouse = Lakehouse(config.lakehouse_root)
-    first = DATASETS[0]
     egress = {
         name: {
-            "source": f"change data feed of {lakehouse.table(first.gold_table(first.golds[0]))}",
-            **module.describe(config),
+            "source": f"change data feed of {lakehouse.table(target(config, name).gold_table)}",
+            **module.describe(config, target(config, name)),
             "checkpoint": lakehouse.checkpoint(name),
         }
         for name, module in configured(config).items()
@@ -287,7 +288,7 @@ def print_description(config: Config, args: argparse.Namespace) -> int:
 def show(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.delta.tables import KAFKA_KEY_COLUMNS
 
-    egresses = [name for name in args.tables if name in installed_names()]
+    egresses = [name for name in args.tables if name in installed_streams()]
     # Every egress named is checked (on, reachable) before Spark starts.
     egress_config = config
     for stream in egresses:
@@ -320,11 +321,10 @@ def _show_table(config: Config, table_name: str, ordering: list[str], limit: int
 
 def _show_egress(config: Config, stream: str, limit: int) -> None:
     """Print what an egress's sink holds, read back as its consumers see it (gold's columns and gold_version)."""
-    from ..pipeline.datasets.events import EVENTS
-    from ..pipeline.egress import configured
+    from ..pipeline.egress import configured, target
 
-    module = configured(config)[stream]  # connect refused an egress that is off
-    rows = module.read_back(spark_session(config, "show"), config)
-    where = ", ".join(f"{key} {value}" for key, value in module.describe(config).items())
+    module, published = configured(config)[stream], target(config, stream)  # connect refused an egress that is off
+    rows = module.read_back(spark_session(config, "show"), config, published)
+    where = ", ".join(f"{key} {value}" for key, value in module.describe(config, published).items())
     print(f"{stream} ({where}): {rows.count()} rows")
-    rows.orderBy(*EVENTS.gold_key).show(limit, truncate=False)
+    rows.orderBy(*published.gold.key).show(limit, truncate=False)

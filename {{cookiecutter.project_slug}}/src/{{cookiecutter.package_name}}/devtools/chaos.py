@@ -36,8 +36,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from py4j.java_gateway import JavaClass
 
+from ..pipeline.dataset import Dataset
 from .kafka_local import partitions_with_leaders
-from .oracle import BROKEN_PREFIX, judge_dataset
+from .oracle import BROKEN_PREFIX, judge_dataset, judge_published
 from .sample import EVENT_TYPES, contract_records
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
@@ -268,27 +269,67 @@ def storage_env(config) -> dict[str, str]:
     return env
 
 
-def egress_env(config, run: str, admin: AdminClient) -> dict[str, str]:
-    """The environment that turns on each egress ``config`` has, each with a sink of this run only."""
+def egress_env(config, run: str, admin: AdminClient, second: Dataset | None = None) -> dict[str, str]:
+    """The environment that turns on each egress ``config`` has, each with a sink of this run only; with
+    ``second``, each also publishes that dataset's first gold, to a sink of its own (``egress_golds``)."""
     from ..pipeline.egress import settings_of
 
     sections, env, egress = [], {}, settings_of(config)
     if KAFKA_EGRESS in egress:
         topic = f"{run}-gold"
-        changelog = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
-        admin.create_topics([changelog])[topic].result(timeout=30)
+        topics = [topic, *([f"{run}-{second.name}-{second.golds[0].name}"] if second else [])]
+        for name in topics:
+            changelog = NewTopic(name, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+            admin.create_topics([changelog])[name].result(timeout=30)
         sections.append("egress_kafka")
         env["EGRESS_KAFKA_TOPIC"] = topic
+        if second:
+            env["EGRESS_KAFKA_GOLDS"] = f"{second.name}.{second.golds[0].name}={topics[1]}"
     if POSTGRES_EGRESS in egress:
         settings = egress[POSTGRES_EGRESS]
         sections.append("egress_postgres")
+        table = run.replace("-", "_")
         env.update(
             EGRESS_POSTGRES_DSN=settings.dsn,
             EGRESS_POSTGRES_PASSWORD=settings.password.get_secret_value() if settings.password else "",
-            EGRESS_POSTGRES_TABLE=run.replace("-", "_"),
+            EGRESS_POSTGRES_TABLE=table,
         )
+        if second:
+            env["EGRESS_POSTGRES_GOLDS"] = f"{second.name}.{second.golds[0].name}={table}_{second.name}"
     # The run drives the first dataset: a second one's topics get no records from it.
     return {"PIPELINE_EGRESS": ",".join(sections) or "none", "PIPELINE_DATASETS": "none", **env}
+
+
+def judge_published_gold(config, env: dict[str, str], dataset: Dataset, committed: list[bytes]) -> dict[str, int]:
+    """The first gold of ``dataset`` as each egress of ``env`` published it (``egress_env`` with it), judged by
+    the oracle against ``committed``: ``<stream>_windows_wrong`` per egress stream, and for a topic the records
+    repeating a gold version. The topic is read by a plain consumer, the table by a plain PostgreSQL client."""
+    from ..pipeline.egress import settings_of, target_stream
+    from ..pipeline.kafka.clients import client_config
+
+    gold = dataset.golds[0]
+    anomalies = {}
+    if "EGRESS_KAFKA_GOLDS" in env:
+        stream = target_stream(KAFKA_EGRESS, dataset, gold)
+        records = read_topic(client_config(config), env["EGRESS_KAFKA_GOLDS"].split("=", 1)[1], "read_committed")
+        folded: dict[bytes, bytes | None] = {}
+        for _, _, key, value, _ in sorted(records, key=lambda record: (record[0], record[1])):
+            folded[key] = value
+        rows = [json.loads(value, parse_float=Decimal) for value in folded.values() if value is not None]
+        anomalies[f"{stream}_windows_wrong"] = judge_published(dataset, committed, gold, rows, config.gold_window)
+        anomalies[f"{stream}_records_repeating_a_gold_version"] = repeated_versions(records)
+    if "EGRESS_POSTGRES_GOLDS" in env:
+        import psycopg
+
+        stream = target_stream(POSTGRES_EGRESS, dataset, gold)
+        settings = settings_of(config)[POSTGRES_EGRESS]
+        table = env["EGRESS_POSTGRES_GOLDS"].split("=", 1)[1]
+        password = settings.password.get_secret_value() if settings.password else None
+        with psycopg.connect(settings.dsn, password=password) as connection:
+            cursor = connection.execute(f"SELECT {', '.join(gold.columns)} FROM {table}")
+            rows = [dict(zip(gold.columns, row, strict=True)) for row in cursor.fetchall()]
+        anomalies[f"{stream}_windows_wrong"] = judge_published(dataset, committed, gold, rows, config.gold_window)
+    return anomalies
 
 
 def read_topic(client: dict, topic: str, isolation: str) -> list[tuple[int, int, bytes, bytes | None, dict]]:
@@ -493,7 +534,7 @@ def run_chaos(
         "PIPELINE_TRIGGER_INTERVAL": "1 second",
         # Small batches: more batch boundaries for the kills to land on.
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
-        **egress_env(config, run, admin),
+        **egress_env(config, run, admin, second),
         **storage_env(config),
         **({"PIPELINE_DATASETS": second.name, f"DATASET_{second.name.upper()}_TOPICS": second_topic} if second else {}),
     }
@@ -568,6 +609,7 @@ def run_chaos(
     if second:
         found = judge_dataset(spark, Lakehouse(config.lakehouse_root), second, ledger.second, config.gold_window)
         report.anomalies.update({f"{second.name}_{kind}": count for kind, count in found.items()})
+        report.anomalies.update(judge_published_gold(config, env, second, ledger.second))
         report.second_dataset = second.name
         report.second_committed, report.second_aborted = len(ledger.second), ledger.second_aborted
     return report

@@ -111,6 +111,7 @@ from .chaos import (
     egress_env,
     hadoop_filesystem,
     judge,
+    judge_published_gold,
     numbered_record,
     pipeline_command,
     read_topic,
@@ -531,11 +532,12 @@ class Nemesis:
             "PIPELINE_LEASE_TTL": f"{LEASE_TTL_S} seconds",
             # Batches small enough that a backlog takes several: more boundaries for faults to land on.
             "KAFKA_MAX_OFFSETS_PER_TRIGGER": "60",
-            **egress_env(config, self.run, self.admin),
             **storage_env(config),
         }
-        # The project's second dataset, where it has one: a topic of its own, its records from its contract.
+        # The project's second dataset, where it has one: a topic of its own, its records from its contract,
+        # and its first gold published by each egress.
         self.second = DATASETS[1] if len(DATASETS) > 1 else None
+        self.env.update(egress_env(config, self.run, self.admin, self.second))
         if self.second is not None:
             self.second_topic = f"{self.run}-{self.second.name}"
             second_topic = NewTopic(self.second_topic, num_partitions=2, replication_factor=1)
@@ -840,6 +842,7 @@ class Nemesis:
             lakehouse = Lakehouse(self.config.lakehouse_root)
             found = judge_dataset(self.spark, lakehouse, self.second, self.ledger.second, self.config.gold_window)
             anomalies.update({f"{self.second.name}_{kind}": count for kind, count in found.items()})
+            anomalies.update(judge_published_gold(self.config, self.env, self.second, self.ledger.second))
         self.report.oracle_checks += 1
         clean, verdict = self.audit()
         return {name: count for name, count in anomalies.items() if count}, clean, verdict

@@ -124,8 +124,8 @@ def _same(found, expected, kind: AggregateKind) -> bool:
         return found is not None and abs(found - expected) <= max(1, math.ceil(expected * APPROX_TOLERANCE))
     if isinstance(expected, float) or isinstance(found, float):
         return found is not None and math.isclose(float(found), float(expected), rel_tol=1e-9, abs_tol=1e-9)
-    if isinstance(found, datetime):
-        return _instant(found) == expected
+    if isinstance(expected, datetime):
+        return found is not None and _instant(found) == expected
     return found == expected
 
 
@@ -209,24 +209,47 @@ def judge_rows(
 
     kept_records = list(first_of_key.values()) if dataset.dedup_key else valid
     for gold in dataset.golds:
-        expected = expected_golds(dataset, kept_records, gold, gold_window)
-        found = {
-            (_instant(row["window_start"]), *(row[name] for name in gold.dimensions)): row
-            for row in golds.get(gold.name, [])
-        }
-        findings["gold"] += len(set(found) ^ set(expected))
-        for key in set(found) & set(expected):
-            if not all(
-                _same(found[key][aggregate.column], expected[key][aggregate.column], aggregate.kind)
-                for aggregate in gold.aggregates
-            ):
-                findings["gold"] += 1
+        findings["gold"] += _rows_wrong(dataset, kept_records, gold, golds.get(gold.name, []), gold_window)
     return dict(findings)
 
 
-def _instant(value: datetime) -> datetime:
-    # A collected timestamp comes back naive, in the session's time zone: this process's.
-    return value.astimezone(UTC)
+def judge_published(dataset: Dataset, committed: list[bytes], gold: Gold, rows: list[dict], gold_window: str) -> int:
+    """The rows of ``gold`` an egress's sink holds (``rows``: each a dict of the gold's columns, its window
+    start an instant or its ISO text) that ``committed`` does not warrant: missing, unexpected or wrong.
+
+    Example::
+
+        judge_published(ORDERS, values, by_shop, [json.loads(value) for value in folded_topic], "1 minute")  # 0
+    """
+    if not isinstance(dataset, Dataset) or gold not in dataset.golds:
+        raise ValueError(f"gold must be one of the golds of dataset {getattr(dataset, 'name', dataset)!r}")
+    window_seconds(gold_window)
+    valid = [_parsed(value) for value in committed if not value.startswith(BROKEN_PREFIX)]
+    first_of_key: dict[tuple, dict] = {}
+    for record in valid:
+        first_of_key.setdefault(_key(dataset, record), record)
+    kept_records = list(first_of_key.values()) if dataset.dedup_key else valid
+    return _rows_wrong(dataset, kept_records, gold, rows, gold_window)
+
+
+def _rows_wrong(dataset: Dataset, kept: list[dict], gold: Gold, rows: list[dict], gold_window: str) -> int:
+    """Rows of ``gold`` missing from ``rows``, unexpected there, or with another value than ``kept`` gives."""
+    expected = expected_golds(dataset, kept, gold, gold_window)
+    found = {(_instant(row["window_start"]), *(row[name] for name in gold.dimensions)): row for row in rows}
+    wrong = len(set(found) ^ set(expected))
+    for key in set(found) & set(expected):
+        if not all(
+            _same(found[key][aggregate.column], expected[key][aggregate.column], aggregate.kind)
+            for aggregate in gold.aggregates
+        ):
+            wrong += 1
+    return wrong
+
+
+def _instant(value: datetime | str) -> datetime:
+    # A collected timestamp comes back naive, in the session's time zone: this process's. A published one is
+    # ISO text with its offset.
+    return (datetime.fromisoformat(value) if isinstance(value, str) else value).astimezone(UTC)
 
 
 def _plain(value):

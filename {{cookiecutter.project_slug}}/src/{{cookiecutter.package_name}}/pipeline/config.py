@@ -694,7 +694,8 @@ class EnvironmentSource(PydanticBaseSettingsSource):
     """A settings source over an environment mapping: ``<env_prefix><KEY>`` (or a field's upper-case alias).
 
     An empty variable counts as unset. Values are text: a number or a flag is parsed here (ConfigError
-    names the variable), a list is comma-separated. ``variables`` records which variable set which key.
+    names the variable), a list is comma-separated (a table too, as key=value). ``variables`` records
+    which variable set which key.
 
     Example::
 
@@ -716,6 +717,16 @@ class EnvironmentSource(PydanticBaseSettingsSource):
         annotation, variable = _plain(field.annotation), self.variables[(*self.where, field_name)]
         if get_origin(annotation) in (tuple, list):
             return [item.strip() for item in value.split(",")]
+        if get_origin(annotation) is dict:
+            # "key=value, key=value": a table's entries on one line.
+            entries = {}
+            for entry in filter(None, (item.strip() for item in value.split(","))):
+                key, equals, item = entry.partition("=")
+                if not equals:
+                    where = ".".join((*self.where, field_name))
+                    raise ConfigError(f"{variable}: {entry!r} is not key=value ({where})")
+                entries[key.strip()] = item.strip()
+            return entries
         if annotation in (int, bool):
             try:
                 return TypeAdapter(annotation).validate_python(value)  # lax: "100" and "true" parse

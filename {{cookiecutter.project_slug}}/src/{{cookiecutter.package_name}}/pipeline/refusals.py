@@ -433,9 +433,8 @@ class Refusal(Enum):
         found="topic {topic} has {now} partitions, stream {stream_id} published to it with {recorded}: a key's "
         "next change would land in another partition than its earlier ones, and consumers folding the topic "
         "by key could not tell which value is the newest.",
-        way_out="publish to a new topic with the partitions you want: create it, set `egress_kafka.topic` (or "
-        "`EGRESS_KAFKA_TOPIC`) to it, then {reset}: gold's current rows are published to it whole. Point the "
-        "consumers at the new topic.",
+        way_out="publish to a new topic with the partitions you want: create it, set {key} to it, then {reset}: "
+        "gold's current rows are published to it whole. Point the consumers at the new topic.",
     )
     POSTGRES_MARKER_MISMATCH = Entry(
         title="The PostgreSQL egress's checkpoint and marker row disagree",

@@ -54,7 +54,7 @@ from .delta.tables import (
     with_downstream,
 )
 from .delta.writes import FENCED_BATCH, Delivery, cancel_warm_ups
-from .egress import configured
+from .egress import configured, published, target
 from .egress import stream as egress_stream
 from .kafka import identity
 from .recovery import checkpoints, lease, rebuild
@@ -98,12 +98,13 @@ def start_stream(
     """
     egresses = configured(config)
     named = dataset
-    dataset = dataset or owner(layer) or EVENTS_DATASET
+    # An egress stream is of the dataset whose gold it publishes.
+    dataset = target(config, layer).dataset if layer in egresses else dataset or owner(layer) or EVENTS_DATASET
     layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
     if layer not in layered and layer != fused_one.name and layer not in egresses:
         raise ValueError(f"layer must be one of {', '.join(stream_names(config, named))}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses))
+    ensure_tables(spark, lakehouse, dataset, change_feed=published(config, dataset))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
     stream_lease = lease.acquire(spark, lakehouse, layer, ttl_s=ttl_s)
@@ -131,7 +132,7 @@ def start_stream(
         }
         if layer in egresses:
             module = egresses[layer]
-            writer = module.start(spark, config, lakehouse, prepared.stream_id, dataset.contract)
+            writer = module.start(spark, config, lakehouse, prepared.stream_id, target(config, layer))
         else:
             writer = starters[stream.layer]()
         query = (
@@ -149,18 +150,20 @@ def start_stream(
 
 def stream_names(config: Config, dataset: Dataset | None = None) -> tuple[str, ...]:
     """Every stream of ``dataset`` (default: of each dataset the config runs, in turn) the config runs: its
-    layers, one stream per gold (or the fused stream), then each egress it turns on.
+    layers, one stream per gold (or the fused stream), then each egress stream that publishes one of its golds.
 
     Example::
 
         stream_names(config)  # ("bronze", "silver", "gold", "orders_bronze", ..., "kafka_egress")
     """
+    datasets = running(config) if dataset is None else (dataset,)
     layers = [
         name
-        for each in (running(config) if dataset is None else (dataset,))
+        for each in datasets
         for name in ((fused_stream(each).name,) if config.mode is Mode.FUSED else tuple(dataset_streams(each)))
     ]
-    return (*layers, *configured(config))
+    names = {each.name for each in datasets}
+    return (*layers, *(name for name in configured(config) if target(config, name).dataset.name in names))
 
 
 def streams_holding_the_lakehouse(
@@ -335,7 +338,8 @@ def reset(
     checkpoints.reset(spark, lakehouse, streams)
     # A reset before the first run rebuilds tables no stream has made yet: made here, as a start makes
     # them. The ones that exist are rebuilt under the contract, which may be another than theirs.
-    ensure_tables(spark, lakehouse, dataset, change_feed=bool(egresses), check_existing=False)
+    change_feed = published(config, dataset) if config is not None else ()
+    ensure_tables(spark, lakehouse, dataset, change_feed=change_feed, check_existing=False)
     bronze_reset = any(stream.layer is Layer.BRONZE for stream in streams)
     if bronze_reset and table_exists(spark, lakehouse.table(dataset.bronze)):
         identity.forget_cluster(spark, lakehouse, dataset)  # the reset accepts the cluster that answers now
@@ -386,7 +390,7 @@ def switch_mode(spark: SparkSession, config: Config, to: Mode, dataset: Dataset 
     if not isinstance(to, Mode):
         raise TypeError(f"to must be a Mode, not {type(to).__name__}")
     lakehouse = Lakehouse(config.lakehouse_root)
-    ensure_tables(spark, lakehouse, dataset, change_feed=bool(configured(config)))
+    ensure_tables(spark, lakehouse, dataset, change_feed=published(config, dataset))
     fused_one, layered = fused_stream(dataset), dataset_streams(dataset)
     fused_checkpoint = bool(streams_holding_the_lakehouse(spark, lakehouse, Mode.FUSED, dataset))
     # Nothing of the fused stream left (its checkpoint, or its id on a table: a switch cut short) is layered.

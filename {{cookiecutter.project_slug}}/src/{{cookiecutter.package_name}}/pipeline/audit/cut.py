@@ -27,7 +27,7 @@ were never bronze's), or from Kafka's first record.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -149,7 +149,7 @@ class Cut:
     kafka_log_start: dict[Partition, int]
     silver_read: Consumed  # bronze, as silver had read it
     gold_reads: dict[str, Consumed]  # silver, as each gold's stream had read it, by the gold's name
-    egress_read: dict[str, Consumed] = field(default_factory=dict)  # the first gold, as each egress had read it
+    egress_read: dict[str, Consumed] = field(default_factory=dict)  # its gold, as each egress stream had read it
     bound: Bound = field(default_factory=Bound)
 
     @property
@@ -210,11 +210,12 @@ def take_cut(
     config: Config,
     lakehouse: Lakehouse,
     bound: Bound | None = None,
-    egresses: tuple[str, ...] = (),
+    egresses: Mapping[str, str] | None = None,
     dataset: Dataset = EVENTS_DATASET,
 ) -> Cut:
     """Read how far every stream of ``dataset`` has got, downstream first, without stopping any; ``config`` as
-    the dataset reads it (``datasets.config_of``). ``egresses`` read its first gold.
+    the dataset reads it (``datasets.config_of``). ``egresses`` are egress streams of its golds, each with the
+    gold table it reads.
 
     Example::
 
@@ -228,16 +229,23 @@ def take_cut(
     batches: dict[str, int | None] = {}
     egress_read = {}
 
-    def gold_changes(version: int) -> int | None:
-        paths = change_feed_files(spark, lakehouse.table(dataset.gold_table(dataset.golds[0])), version)
-        return None if paths is None else len(paths)
+    def changes_of(gold: str):
+        def gold_changes(version: int) -> int | None:
+            paths = change_feed_files(spark, lakehouse.table(gold), version)
+            return None if paths is None else len(paths)
 
-    for name in egresses:
+        return gold_changes
+
+    for name, gold in (egresses or {}).items():
         # The egress's sink is read later by the audit: its rows of later batches are told apart by gold_version.
         checkpoint = lakehouse.checkpoint(name)
         batches[name] = checkpoints.last_committed_batch(spark, checkpoint)
+        read_changes = changes_of(gold)
         egress_read[name] = _consumed_at(
-            spark, checkpoint, batches[name], read=lambda offset: change_feed_consumed(offset, gold_changes)
+            spark,
+            checkpoint,
+            batches[name],
+            read=lambda offset, changes=read_changes: change_feed_consumed(offset, changes),
         )
     streams, fused = dataset_streams(dataset), fused_stream(dataset)
     gold_reads = {}

@@ -1,9 +1,9 @@
 """Every key an audit report's errors and warnings hold (``audit --json``), declared once.
 
 docs/runbook.md says what each means and the way out of it (tests/test_docs.py holds the two to each
-other). A key with ``{egress}`` in it stands for one key per egress the project runs, named by the
-egress's stream (``kafka_egress``, ``postgres_egress``). What an egress alone reports (its
-``audit_errors``) is declared in its module, as its ``FINDINGS``.
+other). A key with ``{egress}`` in it stands for one key per egress stream the project runs, named by the
+stream (``kafka_egress``, ``postgres_egress``, ``orders_gold_by_shop_kafka_egress``). What an egress alone
+reports (its ``audit_errors``) is declared in its module, as its ``FINDINGS``, named after its first stream.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from ..egress import installed
+from ..egress import installed, installed_streams, target_egress
 
 EGRESS = "{egress}"
 
@@ -71,17 +71,18 @@ WARNINGS = frozenset(
 
 
 def keys(egresses: Iterable[str]) -> dict[str, bool]:
-    """Every key a report can hold in a project whose egresses are ``egresses`` (stream names, each one
-    this project has), each with whether it is a warning.
+    """Every key a report can hold in a project whose egresses run ``egresses`` (stream names, each one
+    this project can run: ``egress.installed_streams``), each with whether it is a warning.
 
     Example::
 
         keys(["kafka_egress"])["kafka_egress_rows_not_matching_gold"]  # False: an error
     """
+    egresses = list(egresses)
     modules = installed()
-    unknown = sorted(set(egresses) - set(modules))
+    unknown = sorted(set(egresses) - set(installed_streams()))
     if unknown:
-        raise ValueError(f"egresses {unknown} are not egresses of this project ({sorted(modules)})")
+        raise ValueError(f"egresses {unknown} are not egress streams of this project ({list(installed_streams())})")
     found: dict[str, bool] = {}
     for finding in Finding:
         if EGRESS in finding.value:
@@ -89,5 +90,7 @@ def keys(egresses: Iterable[str]) -> dict[str, bool]:
         else:
             found[finding.value] = finding.is_warning
     for egress in egresses:
-        found.update(dict.fromkeys(modules[egress].FINDINGS, False))
+        # An egress's own findings are named after its first stream: another stream's after that stream.
+        first = target_egress(egress)
+        found.update(dict.fromkeys((key.replace(first, egress, 1) for key in modules[first].FINDINGS), False))
     return found

@@ -31,12 +31,12 @@ from ..bronze import with_topic_ids
 from ..config import Config, duration_seconds
 from ..contract import WINDOW_START, Contract
 from ..dataset import Aggregate, AggregateKind, Dataset, Gold
-from ..datasets import DATASETS, config_of
+from ..datasets import config_of
 from ..datasets.events import DATASET as EVENTS_DATASET
 from ..datasets.events import EVENTS
 from ..dedup import mark_business_key_duplicates
 from ..delta.tables import KAFKA_KEY_COLUMNS, Lakehouse, check_schema, declared_gold, table_schemas
-from ..egress import GOLD_VERSION, configured
+from ..egress import GOLD_VERSION, configured, target
 from ..gold import distinct_values, window_aggregates, window_of
 from ..kafka import retention
 from ..kafka.clients import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
@@ -104,8 +104,8 @@ def run_audit(
     """Reconcile ``dataset``'s tables with its Kafka topics at a cut of the (perhaps running) pipeline.
 
     Each of its golds is recomputed from silver as its stream had read it; ``bound`` narrows the audit
-    to bronze's last batches or to records since a time. The egresses, which publish the first
-    dataset's first gold, are audited with that dataset. A dataset's topics are read as the pipeline's
+    to bronze's last batches or to records since a time. Each egress stream that publishes one of its
+    golds is audited with it. A dataset's topics are read as the pipeline's
     processes read them, with the overrides ``environ`` holds (default os.environ).
 
     Example::
@@ -116,8 +116,9 @@ def run_audit(
     config = config_of(config, dataset, environ)
     lakehouse = Lakehouse(config.lakehouse_root)
     contract, schemas = dataset.contract, table_schemas(dataset)
-    egresses = configured(config) if dataset.name == DATASETS[0].name else {}
-    cut = take_cut(spark, config, lakehouse, bound, tuple(egresses), dataset)
+    published = {name: target(config, name) for name in configured(config)}
+    egresses = {name: module for name, module in configured(config).items() if published[name].dataset == dataset}
+    cut = take_cut(spark, config, lakehouse, bound, {name: published[name].gold_table for name in egresses}, dataset)
 
     def table(name: str, read: Consumed | None = None) -> DataFrame:
         version = cut.versions.get(name) if read is None else read.whole
@@ -217,11 +218,14 @@ def run_audit(
         if not read.exact:
             report.errors[Finding.EGRESS_NOT_AUDITED.of(name)] = 1
             continue
-        published, windows = dataset.gold_table(dataset.golds[0]), windows_of(dataset.golds[0])
-        gold_then, gold_now = windows(table(published, read), WINDOW_START), windows(tables[published], WINDOW_START)
-        mirror = windows(module.read_back(spark, config), WINDOW_START)
-        reconcile_egress(report, name, mirror, gold_then, contract, through=read.whole, gold_now=gold_now)
-        report.errors.update(module.audit_errors(spark, config))
+        each, windows = published[name], windows_of(published[name].gold)
+        gold_then = windows(table(each.gold_table, read), WINDOW_START)
+        gold_now = windows(tables[each.gold_table], WINDOW_START)
+        mirror = windows(module.read_back(spark, config, each), WINDOW_START)
+        reconcile_egress(
+            report, name, mirror, gold_then, contract, through=read.whole, gold_now=gold_now, published=each.gold
+        )
+        report.errors.update(module.audit_errors(spark, config, each))
     return report
 
 
@@ -296,30 +300,33 @@ def reconcile_egress(
     contract: Contract,
     through: int | None = None,
     gold_now: DataFrame | None = None,
+    published: Gold | None = None,
 ) -> None:
-    """An egress's sink, read back as its consumers see it, must equal gold row for row.
+    """An egress's sink, read back as its consumers see it, must equal ``gold``'s rows row for row: the rows
+    of the gold it publishes (``published``; None: the contract's own), sketches aside.
 
     With ``through`` (the last gold version the egress had consumed), ``gold`` is gold as of that
     version: rows the egress wrote from later versions are in flight, and so is a row gold has
     dropped since (``gold_now`` lacks it), which the egress may already have deleted.
     """
-    columns = gold.columns
+    published = declared_gold(contract, published)
+    columns, key = published.columns, published.key
     not_matching = Finding.EGRESS_ROWS_NOT_MATCHING_GOLD.of(name)
+    gold = gold.select(*columns)
     # Read back once (a whole topic folded, or a table over JDBC) for the checks' one job.
     read_back = mirror.persist()
     try:
         checks = {f"{name}_rows": read_back}
         mirror = read_back
         if through is not None:
-            later = mirror.where(F.col(GOLD_VERSION) > through).select(*contract.gold_key)
-            dropped = gold.select(*contract.gold_key).exceptAll(gold_now.select(*contract.gold_key))
+            later = mirror.where(F.col(GOLD_VERSION) > through).select(*key)
+            dropped = gold.select(*key).exceptAll(gold_now.select(*key))
             in_flight = later.unionByName(dropped).distinct()
             checks[f"{name}_rows_in_flight"] = later
             mirror, gold = (
-                _without(rows, in_flight, contract.gold_key)
-                for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
+                _without(rows, in_flight, key) for rows in (mirror.where(F.col(GOLD_VERSION) <= through), gold)
             )
-        checks[not_matching] = _gold_differences(mirror.select(*columns), gold, declared_gold(contract, None))
+        checks[not_matching] = _gold_differences(mirror.select(*columns), gold, published)
         counted = count_rows(checks)
     finally:
         read_back.unpersist()

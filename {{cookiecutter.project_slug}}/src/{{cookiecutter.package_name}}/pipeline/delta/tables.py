@@ -413,7 +413,7 @@ def ensure_tables(
     spark: SparkSession,
     lakehouse: Lakehouse,
     dataset: Dataset = EVENTS_DATASET,
-    change_feed: bool = False,
+    change_feed: tuple[Gold, ...] = (),
     check_existing: bool = True,
 ) -> None:
     """Create every table of ``dataset`` with its explicit schema, so streams never infer one.
@@ -423,14 +423,16 @@ def ensure_tables(
     silently drops source columns the table lacks. A table created for another
     contract raises TableSchemaError, naming the differences; with ``check_existing``
     off it is left unchecked (a reset that rebuilds it under the contract next).
-    ``change_feed`` (an egress is on) makes the dataset's first gold, the one the egresses
-    publish, record its change data feed, on an existing gold too.
+    ``change_feed`` names the golds an egress publishes: each records its change data feed, an
+    existing one too.
 
     Example::
 
-        ensure_tables(spark, Lakehouse("/data/lake"), change_feed=True)
+        ensure_tables(spark, Lakehouse("/data/lake"), change_feed=EVENTS_DATASET.golds[:1])
     """
-    published = dataset.gold_table(dataset.golds[0])
+    if isinstance(change_feed, Gold) or not all(isinstance(gold, Gold) for gold in change_feed):
+        raise TypeError(f"change_feed must be a sequence of Golds, not {change_feed!r}")
+    published = {dataset.gold_table(gold) for gold in change_feed}
     for name, schema in table_schemas(dataset).items():
         path = lakehouse.table(name)
         snapshot = latest_snapshot(spark, path)
@@ -443,7 +445,7 @@ def ensure_tables(
         if partition_columns(name, dataset):
             builder = builder.partitionedBy(*partition_columns(name, dataset))
         properties = table_properties(name, dataset)
-        if change_feed and name == published:
+        if name in published:
             properties[CHANGE_FEED] = "true"
         for key, value in properties.items():
             builder = builder.property(key, value)
@@ -463,8 +465,8 @@ def ensure_tables(
                 files.delete(spark, f"{path}/_delta_log", recursive=True)
                 found = builder.execute().toDF().schema
         check_schema(name, path, schema, found)
-    if change_feed:
-        _enable_change_feed(spark, lakehouse.table(published))
+    for name in sorted(published):
+        _enable_change_feed(spark, lakehouse.table(name))
 
 
 # A commit or a checkpoint of a Delta log: the files that make a table (a temporary file does not).

@@ -20,11 +20,11 @@ from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
-from ..contract import Contract
-from ..datasets.events import EVENTS
+from ..dataset import Gold
 from ..delta import files
-from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, change_feed_files, latest_snapshot
+from ..delta.tables import GOLD, WHOLE_VERSIONS, Lakehouse, change_feed_files, gold_schema, latest_snapshot
 from ..recovery.checkpoints import (
     CheckpointError,
     history_gone,
@@ -33,7 +33,7 @@ from ..recovery.checkpoints import (
     source_position,
 )
 from ..refusals import Refusal
-from . import GOLD_VERSION
+from . import GOLD_VERSION, Target, first_gold
 
 DELETED = "deleted"
 CHANGE_TYPE, COMMIT_VERSION = "_change_type", "_commit_version"
@@ -42,8 +42,9 @@ CHANGE_TYPE, COMMIT_VERSION = "_change_type", "_commit_version"
 STATE_CHANGES = ("insert", "update_postimage", "delete")
 
 
-def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
-    """Gold's change data feed as a stream: on a new checkpoint, gold's current rows first, then each change.
+def gold_changes(spark: SparkSession, lakehouse: Lakehouse, gold: str = GOLD) -> DataFrame:
+    """The change data feed of gold table ``gold`` as a stream: on a new checkpoint, its current rows first,
+    then each change.
 
     Example::
 
@@ -51,16 +52,19 @@ def gold_changes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
     """
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
+    if not isinstance(gold, str) or not gold:
+        raise ValueError(f"gold must name a gold table, not {gold!r}")
     return (
         spark.readStream.format("delta")
         .option("readChangeFeed", "true")
         .option("maxFilesPerTrigger", WHOLE_VERSIONS)
-        .load(lakehouse.table(GOLD))
+        .load(lakehouse.table(gold))
     )
 
 
-def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: str) -> None:
-    """Refuse (CheckpointError) to start egress ``stream`` when gold's changes it has yet to publish are gone.
+def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: str, published: str = GOLD) -> None:
+    """Refuse (CheckpointError) to start egress ``stream`` when the changes of the gold it publishes (the table
+    ``published``) it has yet to publish are gone.
 
     Gone in two ways. Gold put back from an older copy (or replaced) no longer reaches the version
     the egress has read, or reaches it again in another history: Spark would stop on the version that
@@ -78,7 +82,7 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     if not stream:
         raise ValueError("stream must name the egress stream, e.g. 'kafka_egress'")
     checkpoint = lakehouse.checkpoint(stream)
-    gold = lakehouse.table(GOLD)
+    gold = lakehouse.table(published)
     snapshot = latest_snapshot(spark, gold)
     planned = last_planned_batch(spark, checkpoint)
     reaches = None if planned is None else source_position(spark, checkpoint, planned)
@@ -87,7 +91,9 @@ def check_changes_readable(spark: SparkSession, lakehouse: Lakehouse, stream: st
     gone = history_gone(spark, gold, snapshot, reaches)
     if gone is not None:
         raise CheckpointError(
-            Refusal.EGRESS_SOURCE_BEHIND.message(stream, source=GOLD, path=gold, read=reaches.newest_read, found=gone)
+            Refusal.EGRESS_SOURCE_BEHIND.message(
+                stream, source=published, path=gold, read=reaches.newest_read, found=gone
+            )
         )
     committed = last_committed_batch(spark, checkpoint)
     position = None if committed is None else source_position(spark, checkpoint, committed)
@@ -115,26 +121,43 @@ def _missing_change_file(spark: SparkSession, gold: str, version: int) -> str | 
     return None
 
 
-def latest_per_window(changes: DataFrame, contract: Contract = EVENTS) -> DataFrame:
-    """The newest change of each gold row in ``changes``: gold's columns, ``gold_version`` and ``deleted``.
+def latest_per_window(changes: DataFrame, gold: Gold | None = None) -> DataFrame:
+    """The newest change of each row of ``gold`` (default: the first dataset's first gold) in ``changes``: its
+    key and aggregates (a sketch merged into an approximate distinct count stays behind), ``gold_version``
+    and ``deleted``.
 
     Example::
 
         latest_per_window(batch).where("NOT deleted")  # the windows to upsert
     """
+    gold = first_gold(gold)
     missing = {CHANGE_TYPE, COMMIT_VERSION} - set(changes.columns)
     if missing:
         raise ValueError(f"changes must be rows of Delta's change data feed; missing {sorted(missing)}")
     state = F.struct(
-        *contract.gold_values,
+        *gold.values,
         F.col(COMMIT_VERSION).alias(GOLD_VERSION),
         (F.col(CHANGE_TYPE) == "delete").alias(DELETED),
     )
     return (
         changes.where(F.col(CHANGE_TYPE).isin(*STATE_CHANGES))
-        .groupBy(*contract.gold_key)
+        .groupBy(*gold.key)
         # A rebuild of gold replaces its rows in one commit: a delete and an insert of the same
         # row in one version, of which the insert is the row's state.
         .agg(F.max_by(state, F.struct(COMMIT_VERSION, F.col(CHANGE_TYPE) != "delete")).alias("state"))
-        .select(*contract.gold_key, "state.*")
+        .select(*gold.key, "state.*")
     )
+
+
+def published_schema(target: Target) -> StructType:
+    """What a published row holds: the gold's key and aggregates (a sketch is not published), and gold_version.
+
+    Example::
+
+        published_schema(target).fieldNames()  # ['window_start', ..., 'amount_sum', 'gold_version']
+    """
+    if not isinstance(target, Target):
+        raise TypeError(f"target must be an egress Target, not {type(target).__name__}")
+    schema = gold_schema(target.dataset.contract, target.gold)
+    fields = [field for field in schema.fields if field.name in target.gold.columns]
+    return StructType(fields).add(GOLD_VERSION, "long", False)

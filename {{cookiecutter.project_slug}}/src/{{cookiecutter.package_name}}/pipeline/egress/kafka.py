@@ -51,22 +51,29 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Config, ConfigError, Section, TopicName
-from ..contract import Contract
-from ..datasets.events import EVENTS
-from ..delta.tables import Lakehouse, gold_schema
+from ..dataset import Gold
+from ..delta.tables import Lakehouse
 from ..kafka.clients import client_config, describe_topic
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, crash_points, reach
 from ..recovery.lease import check_held
 from ..refusals import Refusal
-from . import section_settings
-from .changes import DELETED, GOLD_VERSION, check_changes_readable, gold_changes, latest_per_window
+from . import Target, destination_key, first_gold, first_target, section_settings, target_egress, targets
+from .changes import (
+    DELETED,
+    GOLD_VERSION,
+    check_changes_readable,
+    gold_changes,
+    latest_per_window,
+    published_schema,
+)
 
 log = logging.getLogger(__name__)
 
 SECTION = "egress_kafka"
 STREAM = "kafka_egress"
+DESTINATION = "topic"
 # What the audit counts in the topic besides its fold (audit_errors).
 REPEATED_VERSIONS = f"{STREAM}_records_repeating_a_gold_version"
 FINDINGS = (REPEATED_VERSIONS,)
@@ -120,11 +127,16 @@ def restarts_the_stream(failure: object) -> bool:
 
 
 class KafkaEgressSettings(Section):
-    """``[egress_kafka]``; EGRESS_KAFKA_TOPIC (and EGRESS_KAFKA_<KEY> for any key) overrides it."""
+    """``[egress_kafka]``; EGRESS_KAFKA_TOPIC (and EGRESS_KAFKA_<KEY> for any key) overrides it.
+
+    ``topic`` is where the first dataset's first gold goes; ``golds`` names any other gold it publishes,
+    each to a topic of its own (``"orders.by_shop" = "orders-by-shop-changes"``).
+    """
 
     model_config = SettingsConfigDict(env_prefix="EGRESS_KAFKA_")
 
     topic: TopicName
+    golds: dict[str, TopicName] = Field(default_factory=dict)
     # Longer than a batch can take: Kafka aborts a transaction open longer than this. At most the
     # broker's transaction.max.timeout.ms (15 minutes by default).
     transaction_timeout_ms: int = Field(60_000, ge=1000, le=MAX_TRANSACTION_TIMEOUT_MS)
@@ -150,19 +162,21 @@ def marker_group(stream_id: str) -> str:
     return f"lakehouse-egress-{stream_id}"
 
 
-def changelog_records(latest: DataFrame, contract: Contract = EVENTS) -> DataFrame:
-    """(key, value) JSON strings of each changed gold row; value null for a deleted row.
+def changelog_records(latest: DataFrame, gold: Gold | None = None) -> DataFrame:
+    """(key, value) JSON strings of each changed row of ``gold`` (default: the first dataset's first); value
+    null for a deleted row. A sketch an approximate distinct count merges is not published: its estimate is.
 
     Example::
 
         changelog_records(latest_per_window(batch)).show(truncate=False)
     """
-    missing = {GOLD_VERSION, DELETED, *contract.gold_key} - set(latest.columns)
+    gold = first_gold(gold)
+    missing = {GOLD_VERSION, DELETED, *gold.key} - set(latest.columns)
     if missing:
         raise ValueError(f"latest must come from latest_per_window; missing {sorted(missing)}")
-    state = [*contract.gold_key, *contract.gold_values, GOLD_VERSION]
+    state = [*gold.key, *gold.values, GOLD_VERSION]
     return latest.select(
-        F.to_json(F.struct(*contract.gold_key)).alias("key"),
+        F.to_json(F.struct(*gold.key)).alias("key"),
         F.when(~F.col(DELETED), F.to_json(F.struct(*state))).alias("value"),
     )
 
@@ -173,6 +187,9 @@ class KafkaEgress:
     Creating it fences every older producer of the same stream id and aborts its open
     transaction. Use one per running stream, from the driver. It makes its producer once: after
     ``ProducerLost`` it publishes nothing more, and the stream's next start creates another.
+
+    ``target`` is the gold it publishes and its topic (default: the first dataset's first gold, to
+    ``settings.topic``).
 
     Example::
 
@@ -185,7 +202,7 @@ class KafkaEgress:
         config: Config,
         settings: KafkaEgressSettings,
         stream_id: str,
-        contract: Contract = EVENTS,
+        target: Target | None = None,
         commit_timeout_s: float = KAFKA_TIMEOUT_S,
     ) -> None:
         if not isinstance(settings, KafkaEgressSettings):
@@ -194,9 +211,13 @@ class KafkaEgress:
             raise ValueError("stream_id is needed: the transactional id and the marker are derived from it")
         if not commit_timeout_s > 0:
             raise ValueError(f"commit_timeout_s must be positive, not {commit_timeout_s!r}")
-        self.config, self.settings, self.stream_id, self.contract = config, settings, stream_id, contract
+        if target is not None and not isinstance(target, Target):
+            raise TypeError(f"target must be an egress Target, not {type(target).__name__}")
+        self.config, self.settings, self.stream_id = config, settings, stream_id
+        self.target = target or first_target(STREAM, settings.topic)
+        self.stream, self.topic = self.target.stream, self.target.destination
         self.commit_timeout_s = commit_timeout_s
-        self.marker = TopicPartition(settings.topic, MARKER_PARTITION)
+        self.marker = TopicPartition(self.topic, MARKER_PARTITION)
         self.delivery_errors: list[str] = []
         self.connection_lost = False
         self.producer = self._new_producer()  # the only place a producer is made: before any marker read
@@ -248,15 +269,15 @@ class KafkaEgress:
         """
         marker = self._marker(KAFKA_TIMEOUT_S) if marker is None else marker
         recorded = json.loads(marker.metadata or "{}")
-        described = describe_topic(self.config, self.settings.topic)
+        described = describe_topic(self.config, self.topic)
         if described is None:
-            raise ConfigError(f"{SECTION}.topic: topic {self.settings.topic!r} does not exist")
+            raise ConfigError(f"{destination_key(self.target)}: topic {self.topic!r} does not exist")
         topic_id, partitions = described
         if recorded.get("topic_id") not in (None, topic_id):
             raise CheckpointError(
                 Refusal.KAFKA_OUTPUT_TOPIC_RECREATED.message(
-                    STREAM,
-                    topic=self.settings.topic,
+                    self.stream,
+                    topic=self.topic,
                     recorded=recorded["topic_id"],
                     now=topic_id,
                     stream_id=self.stream_id,
@@ -265,14 +286,21 @@ class KafkaEgress:
         if recorded.get("partitions") not in (None, partitions):
             raise CheckpointError(
                 Refusal.KAFKA_OUTPUT_PARTITIONS_CHANGED.message(
-                    STREAM,
-                    topic=self.settings.topic,
+                    self.stream,
+                    topic=self.topic,
                     recorded=recorded["partitions"],
                     now=partitions,
                     stream_id=self.stream_id,
+                    key=self._key_text(),
                 )
             )
         return topic_id, partitions
+
+    def _key_text(self) -> str:
+        """The config key naming this stream's topic, and its variable, as a way out names them."""
+        key = destination_key(SECTION, DESTINATION, self.target)
+        variable = KafkaEgressSettings.variables("topic" if key == f"{SECTION}.{DESTINATION}" else "golds")[0]
+        return f"`{key}` (or `{variable}`)"
 
     def _marker(self, timeout_s: float) -> TopicPartition:
         """The marker as the stream's consumer group has it committed. A retriable answer (the group's
@@ -282,7 +310,7 @@ class KafkaEgress:
         while True:
             try:
                 [found] = self.consumer.committed(
-                    [TopicPartition(self.settings.topic, MARKER_PARTITION)],
+                    [TopicPartition(self.topic, MARKER_PARTITION)],
                     timeout=max(deadline - time.monotonic(), 1.0),
                 )
                 if found.error is not None:
@@ -293,7 +321,7 @@ class KafkaEgress:
                 busy = kafka_error.retriable() or kafka_error.code() in COORDINATOR_BUSY
                 if not busy or time.monotonic() > deadline:
                     raise
-                log.warning("%s: reading the marker failed (%s); asking again", STREAM, kafka_error.str())
+                log.warning("%s: reading the marker failed (%s); asking again", self.stream, kafka_error.str())
                 time.sleep(0.5)
 
     def publish(self, changes: DataFrame, batch_id: int) -> int:
@@ -307,14 +335,15 @@ class KafkaEgress:
         marker = self._marker(KAFKA_TIMEOUT_S)
         committed = _batch_of(marker)
         if committed is not None and committed >= batch_id:
-            sink = f"topic {self.settings.topic} (marker {committed})"
-            report_egress_batch(STREAM, batch_id, EgressOutcome.ALREADY_COMMITTED, records=0, sink=sink)
+            sink = f"topic {self.topic} (marker {committed})"
+            report_egress_batch(self.stream, batch_id, EgressOutcome.ALREADY_COMMITTED, records=0, sink=sink)
             return 0
         needed = batch_id - 1 if batch_id > 0 else None
         if committed != needed:
             raise CheckpointError(self.marker_refusal(committed, f"batch {batch_id} needs {_marker_text(needed)}"))
         topic_id, partitions = self.check_topic(marker)
-        records = changelog_records(latest_per_window(changes, self.contract), self.contract)
+        gold = self.target.gold
+        records = changelog_records(latest_per_window(changes, gold), gold)
         if batch_id == 0:
             # A new stream id starts a new changelog from gold's current rows: rows an older
             # stream published that gold no longer has get a tombstone, so folding ends at gold.
@@ -326,14 +355,14 @@ class KafkaEgress:
             published = self._transaction(records, batch_id, topic_id, partitions)
         finally:
             records.unpersist()
-        report_egress_batch(STREAM, batch_id, EgressOutcome.COMMITTED, published, f"topic {self.settings.topic}")
+        report_egress_batch(self.stream, batch_id, EgressOutcome.COMMITTED, published, f"topic {self.topic}")
         return published
 
     def marker_refusal(self, committed: int | None, needed: str) -> str:
         """The refusal of a marker that is not where the stream's progress puts it (``needed`` says where)."""
         return Refusal.KAFKA_MARKER_LOST.message(
-            STREAM,
-            topic=self.settings.topic,
+            self.stream,
+            topic=self.topic,
             found=_marker_text(committed),
             stream_id=self.stream_id,
             group=marker_group(self.stream_id),
@@ -349,7 +378,7 @@ class KafkaEgress:
 
     def _lost(self, batch_id: int) -> ProducerLost:
         return ProducerLost(
-            f"{STREAM}: the producer of stream {self.stream_id} lost a broker connection; nothing of batch "
+            f"{self.stream}: the producer of stream {self.stream_id} lost a broker connection; nothing of batch "
             f"{batch_id} is published. The stream's next start makes a new producer, fencing any older one, "
             "then reads the marker and publishes the batch once"
         )
@@ -364,12 +393,12 @@ class KafkaEgress:
                 self._produce(row.key, row.value)
                 published += 1
             self.producer.flush(KAFKA_TIMEOUT_S)
-            reach(STREAM, AFTER_PRE_COMMIT, batch_id)
+            reach(self.stream, AFTER_PRE_COMMIT, batch_id)
             metadata = json.dumps(
                 {"stream_id": self.stream_id, "batch_id": batch_id, "topic_id": topic_id, "partitions": partitions}
             )
             self.producer.send_offsets_to_transaction(
-                [TopicPartition(self.settings.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
+                [TopicPartition(self.topic, MARKER_PARTITION, batch_id + 1, metadata=metadata)],
                 self.consumer.consumer_group_metadata(),
                 KAFKA_TIMEOUT_S,
             )
@@ -405,7 +434,7 @@ class KafkaEgress:
             try:
                 encoded = None if value is None else value.encode()
                 self.producer.produce(
-                    self.settings.topic, key=key.encode(), value=encoded, headers=[(STREAM_ID_HEADER, self.stream_id)]
+                    self.topic, key=key.encode(), value=encoded, headers=[(STREAM_ID_HEADER, self.stream_id)]
                 )
                 return
             except BufferError:
@@ -422,7 +451,7 @@ class KafkaEgress:
                 if kafka_error.txn_requires_abort():
                     self.producer.abort_transaction(KAFKA_TIMEOUT_S)
                     raise EgressError(
-                        f"{STREAM}: the transaction of batch {batch_id} was aborted ({kafka_error.str()}); "
+                        f"{self.stream}: the transaction of batch {batch_id} was aborted ({kafka_error.str()}); "
                         "nothing of it is visible, and the batch is published again when it is replayed"
                     ) from error
                 if not kafka_error.retriable():
@@ -430,7 +459,7 @@ class KafkaEgress:
             # The outcome is unknown: the marker, committed in the same transaction, tells.
             committed = self._marker_once_stable()
             if committed is not None and committed >= batch_id:
-                log.warning("%s: commit of batch %d timed out; the marker shows it committed", STREAM, batch_id)
+                log.warning("%s: commit of batch %d timed out; the marker shows it committed", self.stream, batch_id)
                 # The producer still waits for the outcome of its timed-out call and refuses to begin
                 # the next transaction (_CONFLICT) until the commit is called again: Kafka has
                 # committed, so this call completes at once.
@@ -439,12 +468,14 @@ class KafkaEgress:
             log.warning(
                 "%s: commit of batch %d timed out and the marker does not show it (yet); committing again "
                 "(attempt %d of %d)",
-                STREAM,
+                self.stream,
                 batch_id,
                 attempt + 1,
                 COMMIT_ATTEMPTS,
             )
-        raise EgressError(f"{STREAM}: the commit of batch {batch_id} did not complete after {COMMIT_ATTEMPTS} tries")
+        raise EgressError(
+            f"{self.stream}: the commit of batch {batch_id} did not complete after {COMMIT_ATTEMPTS} tries"
+        )
 
     def _marker_once_stable(self) -> int | None:
         # While the transaction is open or being committed, Kafka answers "unstable" for its offsets;
@@ -459,7 +490,7 @@ class KafkaEgress:
                 time.sleep(0.2)
 
     def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
-        live = _folded(committed_changelog(spark, self.config, self.settings.topic))
+        live = _folded(committed_changelog(spark, self.config, self.topic))
         return live.join(records, "key", "left_anti").select("key", F.lit(None).cast("string").alias("value"))
 
 
@@ -473,8 +504,9 @@ def _marker_text(batch: int | None) -> str:
 
 
 def committed_changelog(spark: SparkSession, config: Config, topic: str | None = None) -> DataFrame:
-    """Every committed record of the output topic, as a read_committed consumer sees it: key, value,
-    gold_version, and the stream id that published it (``stream_id``, null for a record without the header).
+    """Every committed record of an output topic (default: the first gold's, ``topic``), as a read_committed
+    consumer sees it: key, value, gold_version, and the stream id that published it (``stream_id``, null for a
+    record without the header).
 
     Example::
 
@@ -505,15 +537,18 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
     )
 
 
-def read_back(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> DataFrame:
-    """The topic folded by key, as a consumer folds it: gold's columns and gold_version, tombstones removed.
+def read_back(spark: SparkSession, config: Config, target: Target | None = None) -> DataFrame:
+    """The topic of ``target`` (default: the first gold's) folded by key, as a consumer folds it: the gold's
+    published columns and gold_version, tombstones removed.
 
     Example::
 
         read_back(spark, config).orderBy("window_start").show()
     """
-    schema = gold_schema(contract).add(GOLD_VERSION, "long", False)
-    return _folded(committed_changelog(spark, config)).select(F.from_json("value", schema).alias("row")).select("row.*")
+    target = target or first_target(STREAM, settings(config).topic)
+    schema = published_schema(target)
+    folded = _folded(committed_changelog(spark, config, target.destination))
+    return folded.select(F.from_json("value", schema).alias("row")).select("row.*")
 
 
 def _folded(changelog: DataFrame) -> DataFrame:
@@ -525,41 +560,62 @@ def _folded(changelog: DataFrame) -> DataFrame:
     )
 
 
-def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
-    """What the audit counts as wrong in the topic besides its fold: a (gold row, gold version) one stream id
-    published twice (a new stream id, after a reset, publishes gold's current rows again as a new changelog)."""
-    changelog = committed_changelog(spark, config).where(F.col("value").isNotNull())
+def audit_errors(spark: SparkSession, config: Config, target: Target | None = None) -> dict[str, int]:
+    """What the audit counts as wrong in ``target``'s topic besides its fold: a (gold row, gold version) one
+    stream id published twice (a new stream id, after a reset, publishes gold's current rows again as a new
+    changelog). The key names the stream: ``<stream>_records_repeating_a_gold_version``.
+
+    Example::
+
+        audit_errors(spark, config)  # {"kafka_egress_records_repeating_a_gold_version": 0}
+    """
+    target = target or first_target(STREAM, settings(config).topic)
+    changelog = committed_changelog(spark, config, target.destination).where(F.col("value").isNotNull())
     repeated = changelog.groupBy("stream_id", "key", GOLD_VERSION).count()
-    return {REPEATED_VERSIONS: repeated.where("count > 1").count()}
+    return {repeated_versions(target.stream): repeated.where("count > 1").count()}
+
+
+def repeated_versions(stream: str) -> str:
+    """The audit's key for the records of egress stream ``stream`` that repeat a gold version."""
+    return REPEATED_VERSIONS.replace(STREAM, stream, 1)
 
 
 def check_connection(config: Config) -> None:
-    """The output topic must exist (production topics are provisioned) and be compacted; ConfigError names the setting.
+    """Every output topic must exist (production topics are provisioned) and be compacted; ConfigError names
+    the setting.
 
     Example::
 
         check_connection(config)  # before Spark starts: a topic that deletes by time stops the run with exit 2
     """
     egress = settings(config)
-    topic = egress.topic
     admin = AdminClient(client_config(config))
-    described = admin.list_topics(timeout=30).topics.get(topic)
-    if described is None or described.error is not None:
-        raise ConfigError(
-            f"{SECTION}.topic: topic {topic!r} does not exist on {config.kafka.bootstrap_servers}; create it "
-            "with cleanup.policy=compact or set EGRESS_KAFKA_TOPIC"
-        )
-    if not egress.require_compacted_topic:
-        return
-    policy = cleanup_policy(admin, topic)
-    if policy != "compact":
-        raise ConfigError(
-            f"{SECTION}.topic: topic {topic!r} has cleanup.policy={policy}: Kafka deletes its records by age, "
-            "so a consumer folding the changelog from its start misses every gold row not changed since. "
-            f"Compact it: kafka-configs.sh --bootstrap-server {config.kafka.bootstrap_servers} --alter "
-            f"--entity-type topics --entity-name {topic} --add-config cleanup.policy=compact "
-            f"(or, if no consumer folds it from its start, set {SECTION}.require_compacted_topic = false)"
-        )
+    listed = admin.list_topics(timeout=30).topics
+    for target in _targets(config):
+        topic, key = target.destination, destination_key(SECTION, DESTINATION, target)
+        described = listed.get(topic)
+        if described is None or described.error is not None:
+            variable = Settings.variables("topic" if key == f"{SECTION}.{DESTINATION}" else "golds")[0]
+            raise ConfigError(
+                f"{key}: topic {topic!r} does not exist on {config.kafka.bootstrap_servers}; create it "
+                f"with cleanup.policy=compact or set {variable}"
+            )
+        if not egress.require_compacted_topic:
+            continue
+        policy = cleanup_policy(admin, topic)
+        if policy != "compact":
+            raise ConfigError(
+                f"{key}: topic {topic!r} has cleanup.policy={policy}: Kafka deletes its records by age, "
+                "so a consumer folding the changelog from its start misses every gold row not changed since. "
+                f"Compact it: kafka-configs.sh --bootstrap-server {config.kafka.bootstrap_servers} --alter "
+                f"--entity-type topics --entity-name {topic} --add-config cleanup.policy=compact "
+                f"(or, if no consumer folds it from its start, set {SECTION}.require_compacted_topic = false)"
+            )
+
+
+def _targets(config: Config) -> list[Target]:
+    """The golds this egress publishes in ``config``: its first stream's, then the others ``golds`` names."""
+    return [each for each in targets(config).values() if target_egress(each.stream) == STREAM]
 
 
 def cleanup_policy(admin: AdminClient, topic: str) -> str:
@@ -604,27 +660,31 @@ def fence(config: Config, stream_id: str) -> None:
 
 
 def provision_local(config: Config) -> None:
-    """Create the output topic on the development broker, compacted: a changelog keeps each key's newest value."""
-    topic = settings(config).topic
+    """Create the output topics on the development broker, compacted: a changelog keeps each key's newest value."""
     admin = AdminClient(client_config(config))
-    if topic in admin.list_topics(timeout=30).topics:
-        return
-    new = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
-    admin.create_topics([new])[topic].result(timeout=30)
+    existing = admin.list_topics(timeout=30).topics
+    for target in _targets(config):
+        if target.destination in existing:
+            continue
+        topic = target.destination
+        new = NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})
+        admin.create_topics([new])[topic].result(timeout=30)
 
 
-def describe(config: Config) -> dict:
-    """Where the egress writes, and how consumers must read it.
+def describe(config: Config, target: Target | None = None) -> dict:
+    """Where the egress writes ``target`` (default: the first gold), and how consumers must read it.
 
     Example::
 
         describe(config)  # {"output_topic": "gold-changes", "isolation_level_for_consumers": "read_committed"}
     """
-    return {"output_topic": settings(config).topic, "isolation_level_for_consumers": "read_committed"}
+    target = target or first_target(STREAM, settings(config).topic)
+    return {"output_topic": target.destination, "isolation_level_for_consumers": "read_committed"}
 
 
-def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
-    """The egress stream's writer: gold's change feed, one Kafka transaction per micro-batch.
+def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, target: Target | None = None):
+    """The writer of the stream that publishes ``target`` (default: the first gold): the gold's change feed,
+    one Kafka transaction per micro-batch.
 
     Refuses (CheckpointError) when the topic's marker is ahead of the checkpoint, or behind it (lost), or
     when gold changes it has yet to publish were removed by VACUUM.
@@ -633,16 +693,18 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
 
         start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
     """
-    check_changes_readable(spark, lakehouse, STREAM)
-    egress = KafkaEgress(config, settings(config), stream_id, contract)
+    target = target or first_target(STREAM, settings(config).topic)
+    stream = target.stream
+    check_changes_readable(spark, lakehouse, stream, target.gold_table)
+    egress = KafkaEgress(config, settings(config), stream_id, target)
     committed = egress.committed_batch()
-    planned = last_planned_batch(spark, lakehouse.checkpoint(STREAM))
-    done = last_committed_batch(spark, lakehouse.checkpoint(STREAM))
+    planned = last_planned_batch(spark, lakehouse.checkpoint(stream))
+    done = last_committed_batch(spark, lakehouse.checkpoint(stream))
     if done is not None and (committed is None or committed < done):
         # Every batch moves the marker before Spark logs it committed: the marker was lost.
         egress.close()
         raise CheckpointError(
-            egress.marker_refusal(committed, f"checkpoint {lakehouse.checkpoint(STREAM)} has batch {done} committed")
+            egress.marker_refusal(committed, f"checkpoint {lakehouse.checkpoint(stream)} has batch {done} committed")
         )
     try:
         egress.check_topic()
@@ -653,27 +715,27 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
         egress.close()
         raise CheckpointError(
             Refusal.KAFKA_MARKER_AHEAD.message(
-                STREAM,
-                topic=egress.settings.topic,
+                stream,
+                topic=egress.topic,
                 batch=committed,
                 stream_id=stream_id,
                 group=marker_group(stream_id),
-                checkpoint=lakehouse.checkpoint(STREAM),
+                checkpoint=lakehouse.checkpoint(stream),
                 planned=planned,
             )
         )
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:
-        with crash_points(changes.sparkSession, STREAM, batch_id):
-            check_held(lakehouse, STREAM)
+        with crash_points(changes.sparkSession, stream, batch_id):
+            check_held(lakehouse, stream)
             try:
                 egress.publish(changes, batch_id)
             except ProducerLost:
                 egress.close(timeout_s=0)  # this egress publishes no more: the stream's next start makes another
                 raise
-        check_held(lakehouse, STREAM)  # before Spark's commit-log entry
+        check_held(lakehouse, stream)  # before Spark's commit-log entry
 
-    return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
+    return gold_changes(spark, lakehouse, target.gold_table).writeStream.foreachBatch(write_batch)
 
 
 def settings(config: Config) -> KafkaEgressSettings:

@@ -26,19 +26,25 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Config, ConfigError, Duration, Invalid, Section, Text, duration_seconds, read_secret
-from ..contract import Contract
-from ..datasets.events import EVENTS
-from ..delta.tables import Lakehouse, TableSchemaError, gold_schema
+from ..delta.tables import Lakehouse, TableSchemaError
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
 from ..recovery.crash_points import AFTER_PRE_COMMIT, AFTER_STAGING, crash_points, reach
 from ..recovery.lease import check_held
 from ..refusals import Refusal
-from . import section_settings
-from .changes import DELETED, GOLD_VERSION, check_changes_readable, gold_changes, latest_per_window
+from . import Target, first_target, section_settings
+from .changes import (
+    DELETED,
+    GOLD_VERSION,
+    check_changes_readable,
+    gold_changes,
+    latest_per_window,
+    published_schema,
+)
 
 SECTION = "egress_postgres"
 STREAM = "postgres_egress"
+DESTINATION = "table"
 # What the audit counts in the marker table besides the rows (audit_errors).
 MARKERS_OF_OTHER_STREAMS = f"{STREAM}_markers_of_other_streams"
 FINDINGS = (MARKERS_OF_OTHER_STREAMS,)
@@ -109,7 +115,9 @@ class PostgresEgressSettings(Section):
     model_config = SettingsConfigDict(env_prefix="EGRESS_POSTGRES_")
 
     dsn: str  # libpq key=value string (or URI), or "local"
-    table: str
+    table: str  # where the first dataset's first gold goes
+    # Any other gold it mirrors, each to a table of its own: "orders.by_shop" = "orders_by_shop".
+    golds: dict[str, str] = Field(default_factory=dict)
     password_file: Text | None = None
     password: SecretStr | None = Field(None, validate_default=True)  # or read from password_file
     stage_above_rows: int = Field(10_000, gt=0)
@@ -142,6 +150,14 @@ class PostgresEgressSettings(Section):
         if not TABLE_PATTERN.fullmatch(table):
             raise ValueError(f"{table!r} is not name or schema.name ([a-z_][a-z0-9_]*, {MAX_NAME} max)")
         return table
+
+    @field_validator("golds")
+    @classmethod
+    def _gold_tables(cls, golds: dict[str, str]) -> dict[str, str]:
+        for gold, table in golds.items():
+            if not TABLE_PATTERN.fullmatch(table):
+                raise ValueError(f"{gold}: {table!r} is not name or schema.name ([a-z_][a-z0-9_]*, {MAX_NAME} max)")
+        return golds
 
     @field_validator("password")
     @classmethod
@@ -256,15 +272,16 @@ class _Layout:
     key: tuple[str, ...]
 
     @classmethod
-    def of(cls, table: str, contract: Contract) -> _Layout:
+    def of(cls, target: Target) -> _Layout:
         columns = []
-        for f in gold_schema(contract).fields:
+        # The gold's key and aggregates: a sketch merged into an approximate distinct count stays behind.
+        for f in published_schema(target).fields[:-1]:  # gold_version is the egress's own column
             spark_type = f.dataType.simpleString()
             if spark_type not in PG_TYPES and not spark_type.startswith("decimal("):
                 raise ValueError(f"gold column {f.name} is {spark_type}, which has no PostgreSQL type in PG_TYPES")
             columns.append((f.name, PG_TYPES.get(spark_type) or "numeric" + spark_type[7:], not f.nullable))
-        schema, name = TABLE_PATTERN.fullmatch(table).groups()
-        return cls(schema, name, tuple(columns), tuple(contract.gold_key))
+        schema, name = TABLE_PATTERN.fullmatch(target.destination).groups()
+        return cls(schema, name, tuple(columns), tuple(target.gold.key))
 
     def qualified(self, suffix: str = "") -> str:
         return ".".join(filter(None, [self.schema, self.name + suffix]))
@@ -310,20 +327,26 @@ def _stage_partition(settings: PostgresEgressSettings, layout: _Layout, stream_i
 
 
 class PostgresEgress:
-    """Applies batches of gold changes to ``settings.table``, one transaction each; creating it creates the tables.
+    """Applies batches of a gold's changes to its table, one transaction each; creating it creates the tables.
+
+    ``target`` is the gold and its table (default: the first dataset's first gold, to ``settings.table``).
 
     Example::
 
         PostgresEgress(settings(config), stream_id).apply(changes_batch, batch_id=7)
     """
 
-    def __init__(self, settings: PostgresEgressSettings, stream_id: str, contract: Contract = EVENTS) -> None:
+    def __init__(self, settings: PostgresEgressSettings, stream_id: str, target: Target | None = None) -> None:
         if not isinstance(settings, PostgresEgressSettings) or not TABLE_PATTERN.fullmatch(settings.table):
             raise TypeError(f"settings must be PostgresEgressSettings, not {settings!r}")
         if not stream_id or not isinstance(stream_id, str):
             raise ValueError("stream_id is needed: the marker row is keyed on it")
-        self.settings, self.stream_id, self.contract = settings, stream_id, contract
-        layout = self.layout = _Layout.of(settings.table, contract)
+        if target is not None and not isinstance(target, Target):
+            raise TypeError(f"target must be an egress Target, not {type(target).__name__}")
+        self.settings, self.stream_id = settings, stream_id
+        self.target = target or first_target(STREAM, settings.table)
+        self.stream = self.target.stream
+        layout = self.layout = _Layout.of(self.target)
         with _connect(settings) as conn, conn.transaction(), conn.cursor() as cur:
             target, _, staging = layout.layouts()
             cur.execute(layout.sql(CREATE_TABLE, columns=_definitions(target)))
@@ -336,7 +359,11 @@ class PostgresEgress:
                     tables = ", ".join(layout.qualified(suffix) for suffix in TABLES.values())
                     raise TableSchemaError(
                         Refusal.POSTGRES_TABLE_LAYOUT.message(
-                            STREAM, table=layout.qualified(TABLES[part]), found=found, expected=expected, tables=tables
+                            self.stream,
+                            table=layout.qualified(TABLES[part]),
+                            found=found,
+                            expected=expected,
+                            tables=tables,
                         )
                     )
 
@@ -350,18 +377,18 @@ class PostgresEgress:
         """Apply one batch of gold's change feed (see the class) in one transaction; its rows, 0 for a replay."""
         if not isinstance(batch_id, int) or batch_id < 0:
             raise ValueError(f"batch_id must be a batch number, not {batch_id!r}")
-        latest = latest_per_window(changes, self.contract).persist()  # checks that changes is gold's change feed
+        latest = latest_per_window(changes, self.target.gold).persist()  # checks that changes is gold's change feed
         try:
             count, version = latest.agg(F.count(F.lit(1)), F.max(GOLD_VERSION)).first()
             rows, staged = _as_text(latest, self.layout), count > self.settings.stage_above_rows
             if staged:
                 rows.foreachPartition(self.stager(batch_id))
-                reach(STREAM, AFTER_STAGING, batch_id)
+                reach(self.stream, AFTER_STAGING, batch_id)
             applied = self._commit(batch_id, version, None if staged else rows)
         finally:
             latest.unpersist()
         outcome = EgressOutcome.COMMITTED if applied else EgressOutcome.ALREADY_COMMITTED
-        report_egress_batch(STREAM, batch_id, outcome, count if applied else 0, f"table {self.settings.table}")
+        report_egress_batch(self.stream, batch_id, outcome, count if applied else 0, f"table {self.target.destination}")
         return count if applied else 0
 
     def stager(self, batch_id: int) -> Callable[[Iterable], None]:
@@ -396,7 +423,7 @@ class PostgresEgress:
             _apply(cur, layout, layout.sql(source), params)
             # Also what an earlier attempt, a late speculative task or a lower threshold left behind.
             cur.execute(layout.sql(CLEAR_STAGED), (stream, batch_id))
-            reach(STREAM, AFTER_PRE_COMMIT, batch_id)
+            reach(self.stream, AFTER_PRE_COMMIT, batch_id)
         return True
 
     def _lock_marker(self, cur: psycopg.Cursor, batch_id: int) -> int | None:
@@ -417,7 +444,7 @@ class PostgresEgress:
             return marker
         raise CheckpointError(
             Refusal.POSTGRES_MARKER_MOVED.message(
-                STREAM,
+                self.stream,
                 marker=self.layout.qualified(MARKER),
                 stream_id=self.stream_id,
                 found="no row" if marker is None else f"batch {marker}",
@@ -486,38 +513,43 @@ def provision_local(config: Config) -> None:
         raise TypeError(f"config must be a Config, not {type(config).__name__}")
 
 
-def describe(config: Config) -> dict:
-    """Where the egress writes; the dsn holds no password (the settings refuse one there).
+def describe(config: Config, target: Target | None = None) -> dict:
+    """Where the egress writes ``target`` (default: the first gold); the dsn holds no password (the settings
+    refuse one there).
 
     Example::
 
         describe(config)  # {"table": "gold_event_windows", "marker_table": "gold_event_windows_egress_batches", ...}
     """
-    layout = _Layout.of(settings(config).table, EVENTS)
+    layout = _Layout.of(target or first_target(STREAM, settings(config).table))
     return {"table": layout.qualified(), "marker_table": layout.qualified(MARKER), "dsn": settings(config).dsn}
 
 
-def read_back(spark: SparkSession, config: Config, contract: Contract = EVENTS) -> DataFrame:
-    """The table as its readers see it, for the audit: gold's columns and gold_version.
+def read_back(spark: SparkSession, config: Config, target: Target | None = None) -> DataFrame:
+    """The table of ``target`` (default: the first gold) as its readers see it, for the audit: the gold's
+    key and aggregates, and gold_version.
 
     Example::
 
         read_back(spark, config).orderBy("window_start").show()
     """
-    schema = gold_schema(contract).add(GOLD_VERSION, "long", False)
-    rows = _read(config, contract, "SELECT {gold} FROM {table}", gold=_names(schema.names))
+    target = target or first_target(STREAM, settings(config).table)
+    schema = published_schema(target)
+    rows = _read(config, target, "SELECT {gold} FROM {table}", gold=_names(schema.names))
     return spark.createDataFrame(rows, schema)  # through the driver: a mirror is gold's size; values arrive exact
 
 
-def audit_errors(spark: SparkSession, config: Config) -> dict[str, int]:
-    """Wrong besides the rows: markers of other stream ids, whose batch 0 deletes them (a second writer).
+def audit_errors(spark: SparkSession, config: Config, target: Target | None = None) -> dict[str, int]:
+    """Wrong besides the rows: markers of other stream ids in ``target``'s marker table, whose batch 0 deletes
+    them (a second writer). The key names the stream: ``<stream>_markers_of_other_streams``.
 
     Example::
 
         audit_errors(spark, config)  # {"postgres_egress_markers_of_other_streams": 0}
     """
-    [(markers,)] = _read(config, EVENTS, "SELECT count(*) FROM {marker}") or [(0,)]
-    return {MARKERS_OF_OTHER_STREAMS: max(markers - 1, 0)}
+    target = target or first_target(STREAM, settings(config).table)
+    [(markers,)] = _read(config, target, "SELECT count(*) FROM {marker}") or [(0,)]
+    return {MARKERS_OF_OTHER_STREAMS.replace(STREAM, target.stream, 1): max(markers - 1, 0)}
 
 
 def settings(config: Config) -> PostgresEgressSettings:
@@ -530,8 +562,8 @@ def settings(config: Config) -> PostgresEgressSettings:
     return section_settings(config, STREAM, PostgresEgressSettings)
 
 
-def _read(config: Config, contract: Contract, query: str, **parts: sql.Composable) -> list[tuple]:
-    layout = _Layout.of(settings(config).table, contract)
+def _read(config: Config, target: Target, query: str, **parts: sql.Composable) -> list[tuple]:
+    layout = _Layout.of(target)
     with _connect(settings(config)) as conn:
         # Reading changes nothing: before the stream's first start there are no tables, and no rows.
         if conn.execute("SELECT to_regclass(%s)", [layout.sql("{marker}").as_string(conn)]).fetchone()[0] is None:
@@ -539,18 +571,21 @@ def _read(config: Config, contract: Contract, query: str, **parts: sql.Composabl
         return conn.execute(layout.sql(query, **parts)).fetchall()
 
 
-def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, contract: Contract = EVENTS):
-    """The egress stream's writer, a transaction per micro-batch; CheckpointError if marker and checkpoint disagree.
+def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: str, target: Target | None = None):
+    """The writer of the stream that mirrors ``target`` (default: the first gold), a transaction per
+    micro-batch; CheckpointError if marker and checkpoint disagree.
 
     Example::
 
         start(spark, config, lakehouse, prepared.stream_id).option("checkpointLocation", path).start()
     """
-    check_changes_readable(spark, lakehouse, STREAM)
     if not isinstance(lakehouse, Lakehouse):
         raise TypeError(f"lakehouse must be a Lakehouse, not {type(lakehouse).__name__}")
-    egress = PostgresEgress(settings(config), stream_id, contract)
-    marker, checkpoint = egress.committed_batch(), lakehouse.checkpoint(STREAM)
+    target = target or first_target(STREAM, settings(config).table)
+    stream = target.stream
+    check_changes_readable(spark, lakehouse, stream, target.gold_table)
+    egress = PostgresEgress(settings(config), stream_id, target)
+    marker, checkpoint = egress.committed_batch(), lakehouse.checkpoint(stream)
     planned, done = last_planned_batch(spark, checkpoint), last_committed_batch(spark, checkpoint)
     ahead = marker is not None and (planned is None or marker > planned)
     # Each batch moves the marker before Spark logs the batch committed: a marker behind it means lost batches.
@@ -558,7 +593,7 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
     if ahead or behind:
         raise CheckpointError(
             Refusal.POSTGRES_MARKER_MISMATCH.message(
-                STREAM,
+                stream,
                 marker=egress.layout.qualified(MARKER),
                 batch=marker,
                 stream_id=stream_id,
@@ -571,9 +606,9 @@ def start(spark: SparkSession, config: Config, lakehouse: Lakehouse, stream_id: 
         )
 
     def write_batch(changes: DataFrame, batch_id: int) -> None:
-        with crash_points(changes.sparkSession, STREAM, batch_id):
-            check_held(lakehouse, STREAM)
+        with crash_points(changes.sparkSession, stream, batch_id):
+            check_held(lakehouse, stream)
             egress.apply(changes, batch_id)
-        check_held(lakehouse, STREAM)  # before Spark's commit-log entry
+        check_held(lakehouse, stream)  # before Spark's commit-log entry
 
-    return gold_changes(spark, lakehouse).writeStream.foreachBatch(write_batch)
+    return gold_changes(spark, lakehouse, target.gold_table).writeStream.foreachBatch(write_batch)
