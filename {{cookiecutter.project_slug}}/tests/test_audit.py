@@ -36,7 +36,7 @@ from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import AuditReport
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE, GOLD_SCHEMA, SILVER, Lakehouse, change_feed_files
-from {{ cookiecutter.package_name }}.pipeline.egress import GOLD_VERSION
+from {{ cookiecutter.package_name }}.pipeline.egress import GOLD_VERSION, installed_names, installed_streams, target_egress
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import run_available_now
 
@@ -57,9 +57,15 @@ def test_the_findings_of_a_project_are_its_own_and_those_of_each_egress_it_runs(
         "kafka_egress_records_repeating_a_gold_version",
     }
 {%- endif %}
+    # An egress stream of another gold has the same findings, under its own name.
+    for stream in set(installed_streams()) - set(installed_names()):
+        own = keys([stream]).keys() - without.keys()
+        first = target_egress(stream)
+        assert {key.replace(stream, first, 1) for key in own} == keys([first]).keys() - without.keys()
+        assert all(key.startswith(f"{stream}_") for key in own), own
     assert not any("egress" in key for key in without)
     assert without["newest_records_mostly_quarantined"] and not without["bronze_duplicates"]
-    with pytest.raises(ValueError, match="not egresses of this project"):
+    with pytest.raises(ValueError, match="not egress streams of this project"):
         keys(["teleport_egress"])
     with pytest.raises(ValueError, match="not a finding of each egress"):
         Finding.BRONZE_DUPLICATES.of("kafka_egress")
