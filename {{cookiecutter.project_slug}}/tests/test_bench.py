@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.bench import (
     run_bench,
     sdp,
 )
+from {{ cookiecutter.package_name }}.bench.datasets_cost import cost_datasets, dataset_config
 from {{ cookiecutter.package_name }}.bench.latency import KEPT_UP, latency_trend
 from {{ cookiecutter.package_name }}.bench.peer import (
     FLOWS_FILE,
@@ -50,7 +51,10 @@ from {{ cookiecutter.package_name }}.bench.report import (
     goal_outcomes,
     previous_figures,
 )
+from {{ cookiecutter.package_name }}.bench.run import only_phases
+from {{ cookiecutter.package_name }}.bench.sizes import DATASET_COUNTS
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, config_of
 from {{ cookiecutter.package_name }}.pipeline.egress import installed_names
 
 pytestmark = pytest.mark.bench
@@ -81,6 +85,10 @@ TINY = dataclasses.replace(
     timeout_s=600.0,
     peer_records=2_000,
     peer_increment=500,
+    distinct_values_per_key=2,
+    datasets_records=500,
+    # One dataset and two: each stream start costs seconds, and four add nothing the smoke run checks.
+    dataset_counts=(1, 2),
 )
 
 
@@ -103,7 +111,9 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     assert written["machine"]["spark"] == pyspark.__version__
 
     metrics = {metric["key"]: metric for metric in written["metrics"]}
-    assert list(metrics) == list(METRIC_KEYS)
+    # The datasets' cost runs the counts the sizes name: a count not run has no figures.
+    not_run = [f"datasets_{count}_" for count in DATASET_COUNTS if count not in TINY.dataset_counts]
+    assert list(metrics) == [key for key in METRIC_KEYS if not key.startswith(tuple(not_run))]
     for key, metric in metrics.items():
         assert {"name", "value", "unit", "target", "met"} <= metric.keys(), key
         assert math.isfinite(metric["value"]) and metric["value"] > 0, (key, metric["value"])
@@ -127,6 +137,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "silver_merge_scaling",
         "silver_skewed_merge_scaling",
         "gold_merge_scaling",
+        "distinct_merge_scaling",
         "fused_vs_floor",
         "latency_fused_gold_p95_s",
         "latency_fast_gold_p95_s",
@@ -171,6 +182,21 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         # Half of the batch's windows are in the table already, half are new.
         assert run["operation_metrics"]["numTargetRowsUpdated"] == gold["batch_rows"] // 2
         assert run["operation_metrics"]["numTargetRowsInserted"] == gold["batch_rows"] // 2
+    # The distinct count's sink both ways: its new values inserted into its table of values, gold merged.
+    distinct = details["distinct_scaling"]
+    assert distinct["tables"]["big"]["values"]["rows"] == TINY.gold_big_windows * distinct["keys_per_window"] * 2
+    for run in (run for runs in distinct["merges"].values() for run in runs):
+        assert run["gold"]["operation"] == "MERGE" and run["values"]["operation"] == "MERGE"
+        assert run["gold"]["operation_metrics"]["numTargetRowsUpdated"] == distinct["batch_rows"] // 2
+        assert run["gold"]["operation_metrics"]["numTargetRowsInserted"] == distinct["batch_rows"] // 2
+        # The new windows' values all, and one of the two values of each key of a window held already.
+        held, new = distinct["batch_rows"] // 2, distinct["batch_rows"] - distinct["batch_rows"] // 2
+        assert run["values"]["operation_metrics"]["numTargetRowsInserted"] == new * 2 + held
+    # 1 and 2 datasets' streams in one driver, each dataset with a topic and tables of its own.
+    cost = details["datasets_cost"]["runs"]
+    assert [len(cost[count]["datasets"]) for count in ("1", "2")] == [1, 2] and sorted(cost) == ["1", "2"]
+    assert len(set(cost["2"]["datasets"])) == 2 and cost["2"]["datasets"][:1] == cost["1"]["datasets"]
+    assert all(len(run["one_record"]) == TINY.overhead_repeats for run in cost.values())
     floors = details["fixed_overhead"]["floors"]
     assert set(floors) == {"kafka", "bronze_table", "silver_table"}
     assert all(rows == 1 for floor in floors.values() for rows in floor["input_rows"])
@@ -359,7 +385,34 @@ def test_kill_point_is_the_last_event_seen_at_that_fraction_of_the_drain():
         kill_point(undisturbed, 1.0)
 
 
+def test_the_datasets_cost_runs_the_projects_datasets_then_copies_each_reading_its_own_topic():
+    datasets = cost_datasets(4)
+
+    assert datasets[: len(DATASETS)] == DATASETS[:4]
+    assert len({each.name for each in datasets}) == 4
+    project_tables = {table for each in DATASETS for table in each.tables}
+    assert all(project_tables.isdisjoint(each.tables) for each in datasets[len(DATASETS) :])
+    config = load_config("local", environ={"KAFKA_TOPICS": "first"})
+    for number, each in enumerate(datasets):
+        topic = "first" if number == 0 else f"topic-{number}"
+        assert config_of(dataset_config(config, each, topic), each, environ={}).kafka.topics == (topic,)
+    with pytest.raises(ValueError):
+        cost_datasets(0)
+
+
+def test_bench_only_names_standalone_phases_in_run_order():
+    assert only_phases({}) is None
+    assert only_phases({"BENCH_ONLY": "datasets_cost, distinct_scaling"}) == ["distinct_scaling", "datasets_cost"]
+    with pytest.raises(ValueError, match="not a standalone phase"):
+        only_phases({"BENCH_ONLY": "latency"})
+
+
 def test_sizes_are_checked():
+    with pytest.raises(ValueError, match="distinct_values_per_key"):
+        dataclasses.replace(QUICK_SIZES, distinct_values_per_key=1)
+    for counts in ((), (2, 4), (1, 3), (1, 4, 2)):
+        with pytest.raises(ValueError, match="dataset_counts"):
+            dataclasses.replace(QUICK_SIZES, dataset_counts=counts)
     with pytest.raises(ValueError, match="kill_fraction"):
         dataclasses.replace(QUICK_SIZES, kill_fraction=1.5)
     with pytest.raises(ValueError, match="records"):

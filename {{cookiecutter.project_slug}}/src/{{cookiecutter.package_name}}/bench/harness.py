@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 
 from ..pipeline.config import LOCAL_BOOTSTRAP, SASL_KEYS, TLS_KEYS, Config, duration_seconds
+from ..pipeline.dataset import Dataset
+from ..pipeline.datasets.events import DATASET as EVENTS_DATASET
 from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
 from ..pipeline.delta.writes import Delivery
 from .report import Metric
@@ -119,13 +121,24 @@ def summary(run: dict) -> dict:
     return result
 
 
-def build_table(bench: Bench, root: Path, table: str, first: int, end: int, commits: int, rows_between) -> str:
-    """Create the lakehouse tables under ``root`` (the pipeline's own layout) and fill ``table`` with
+def build_table(
+    bench: Bench,
+    root: Path,
+    table: str,
+    first: int,
+    end: int,
+    commits: int,
+    rows_between,
+    dataset: Dataset = EVENTS_DATASET,
+) -> str:
+    """Create ``dataset``'s lakehouse tables under ``root`` (the pipeline's own layout) and fill ``table`` with
     ``rows_between(lo, hi)`` for ``first <= lo < hi <= end`` in ``commits`` appends, in order; returns its path."""
     if not first < end or commits <= 0:
         raise ValueError(f"build_table needs first < end and commits > 0, got {first}, {end}, {commits}")
+    if not isinstance(dataset, Dataset) or table not in dataset.tables:
+        raise ValueError(f"build_table needs a Dataset that has table {table!r}, got {dataset!r}")
     lakehouse = Lakehouse(str(root))
-    ensure_tables(bench.spark, lakehouse)
+    ensure_tables(bench.spark, lakehouse, dataset)
     path = lakehouse.table(table)
     per_commit = math.ceil((end - first) / commits)
     for low in range(first, end, per_commit):

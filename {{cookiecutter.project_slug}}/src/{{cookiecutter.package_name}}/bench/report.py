@@ -14,6 +14,7 @@ from ..pipeline.config import duration_seconds
 from ..pipeline.egress import installed_names
 from ..pipeline.session.spark import java_class
 from . import sdp
+from .sizes import DATASET_COUNTS
 
 RESULTS_FILE = "bench.json"
 PLOT_FILE = "bench.png"
@@ -47,6 +48,22 @@ PEER_METRIC_KEYS = (
     "peer_sdp_one_record_runs",
 )
 
+DATASETS_METRIC_KEYS = (
+    *(
+        key
+        for count in DATASET_COUNTS
+        for key in (
+            *(f"datasets_{count}_{position}_rps" for position in range(1, count + 1)),
+            *((f"datasets_{count}_total_rps",) if count > 1 else ()),
+            f"datasets_{count}_one_record_s",
+            f"datasets_{count}_heap_mb",
+        )
+    ),
+    "datasets_first_rps_most_vs_one",
+    "datasets_one_record_most_vs_one",
+    "datasets_heap_most_vs_one",
+)
+
 # Every metric key bench.json holds, in table order (each egress's when this project has it, the peer's
 # when its extra is installed).
 METRIC_KEYS = (
@@ -72,6 +89,9 @@ METRIC_KEYS = (
     "gold_merge_small_s",
     "gold_merge_big_s",
     "gold_merge_scaling",
+    "distinct_merge_small_s",
+    "distinct_merge_big_s",
+    "distinct_merge_scaling",
     "bronze_one_record_batch_ms",
     "bronze_steady_batch_ms",
     "bronze_fixed_overhead",
@@ -121,6 +141,7 @@ METRIC_KEYS = (
     "latency_fused_gold_p50_s",
     "latency_fused_gold_p95_s",
     "latency_fused_gold_trend",
+    *DATASETS_METRIC_KEYS,
     "exactly_once_s",
     "at_least_once_s",
     "exactly_once_cost",
@@ -156,6 +177,7 @@ TARGET_ORDER = (
     "recovery_cost",
     "silver_skewed_merge_scaling",
     "gold_merge_scaling",
+    "distinct_merge_scaling",
     "silver_merge_scaling",
     "silver_append_scaling",
     "peer_bronze_ratio",
@@ -208,6 +230,7 @@ TARGETS: dict[str, Target] = {
     "silver_merge_scaling": Target("<=", 1.5),
     "silver_skewed_merge_scaling": Target("<=", 1.5),
     "gold_merge_scaling": Target("<=", 1.2),
+    "distinct_merge_scaling": Target("<=", 1.2),
     "peer_startup_ratio": Target(">=", 1.0),
     "peer_bronze_ratio": Target(">=", 1.0),
     "peer_silver_ratio": Target(">=", 1.0),
@@ -551,6 +574,7 @@ def write_plot(results: dict, path: Path) -> Path | None:
         ("silver", "silver_rps"),
         ("gold", "gold_rps"),
     ]
+    throughput = [(label, key) for label, key in throughput if key in metrics]  # a BENCH_ONLY run has few
     left.bar([label for label, _ in throughput], [metrics[key]["value"] for _, key in throughput], color="#4c72b0")
     left.set_title("throughput (records/s)")
     left.tick_params(axis="x", labelsize=8)

@@ -2,25 +2,33 @@
 
 Order matters: throughput drains the backlog into the exactly-once lakehouse that the
 exactly-once comparison reuses and that fixed overhead and latency then keep feeding.
-Silver and gold scaling, the fixed-overhead floors and storage (local disk against the
-private S3 server) build tables and topics of their own. The peer (this project against Spark
-Declarative Pipelines, on a topic of its own) runs last: its processes, each with JVMs of its own,
-and their caches weigh on no figure after it.
+Silver, gold and distinct-count scaling, the fixed-overhead floors, storage (local disk against the
+private S3 server) and the datasets' cost (1, 2 and 4 datasets in one driver) build tables and topics
+of their own. The peer (this project against Spark Declarative Pipelines, on a topic of its own) runs
+last: its processes, each with JVMs of its own, and their caches weigh on no figure after it.
+
+For development only, ``BENCH_ONLY`` (a comma-separated list of ``STANDALONE`` phases, e.g.
+``BENCH_ONLY=distinct_scaling,datasets_cost``) runs the warm-up and those phases alone: a partial
+bench.json, for working on a phase, never a run to publish.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ..pipeline.config import Config
 from . import (
+    datasets_cost,
+    distinct_scaling,
     egress,
     exactly_once,
     fixed_overhead,
@@ -37,6 +45,36 @@ from .harness import Bench, say
 from .load import produce_backlog
 from .report import METRIC_KEYS, goal_outcomes, load_average, machine_info, previous_figures, publish
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, Sizes
+
+# The phases that need no earlier phase's lakehouse or backlog, by name: what BENCH_ONLY may name.
+STANDALONE = {
+    "gold_scaling": gold_scaling.measure,
+    "distinct_scaling": distinct_scaling.measure,
+    "egress": egress.measure,
+    "storage": storage.measure,
+    "datasets_cost": datasets_cost.measure,
+    "peer": peer.measure,
+}
+ONLY_VAR = "BENCH_ONLY"
+
+
+def only_phases(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The phases ``BENCH_ONLY`` names, in run order; None when it is unset (every phase runs).
+
+    Example::
+
+        only_phases({"BENCH_ONLY": "datasets_cost"})  # ["datasets_cost"]
+    """
+    if environ is not None and not isinstance(environ, Mapping):
+        raise TypeError(f"environ must be a mapping of variables, not {type(environ).__name__}")
+    value = (os.environ if environ is None else environ).get(ONLY_VAR, "").strip()
+    if not value:
+        return None
+    named = {name.strip() for name in value.split(",") if name.strip()}
+    unknown = sorted(named - STANDALONE.keys())
+    if unknown:
+        raise ValueError(f"{ONLY_VAR}: {', '.join(unknown)}: not a standalone phase ({', '.join(STANDALONE)})")
+    return [name for name in STANDALONE if name in named]
 
 
 def warm_up(bench: Bench) -> None:
@@ -80,6 +118,7 @@ def run_bench(
     if not str(output_dir):
         raise ValueError("output_dir must name a directory")
     sizes = sizes or (QUICK_SIZES if quick else DEFAULT_SIZES)
+    only = only_phases()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))
@@ -91,22 +130,12 @@ def run_bench(
         machine = machine_info(bench.spark)
         say(f"machine: {machine['cores']} cores, {machine['memory_gb']} GB, {machine['cpu_model']}")
         warm_up(bench)
-        topic = bench.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
-        say(f"producing {sizes.records:,} sample records in transactions")
-        bench.details["produce_records_per_s"] = produce_backlog(
-            bench.phase_config(work / "eo", topic), topic, sizes.records, seed=7
-        )
-        eo = throughput.measure(bench, topic)
-        exactly_once.measure(bench, topic, eo)
-        recovery.measure(bench, topic)
-        silver_scaling.measure(bench, topic)
-        gold_scaling.measure(bench)
-        egress.measure(bench)
-        fixed_overhead.measure(bench, topic)
-        storage.measure(bench)
-        latency.measure(bench, topic)
-        fused.measure(bench, topic)
-        peer.measure(bench)
+        if only is not None:
+            say(f"{ONLY_VAR}: only {', '.join(only)}")
+            for name in only:
+                STANDALONE[name](bench)
+        else:
+            run_phases(bench, work)
         machine["load_average_end"] = load_average()
     finally:
         bench.stop(keep)
@@ -129,3 +158,26 @@ def run_bench(
     }
     publish(results, metrics, output_dir)
     return results
+
+
+def run_phases(bench: Bench, work: Path) -> None:
+    """Every phase, in order, on one backlog."""
+    sizes = bench.sizes
+    topic = bench.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
+    say(f"producing {sizes.records:,} sample records in transactions")
+    bench.details["produce_records_per_s"] = produce_backlog(
+        bench.phase_config(work / "eo", topic), topic, sizes.records, seed=7
+    )
+    eo = throughput.measure(bench, topic)
+    exactly_once.measure(bench, topic, eo)
+    recovery.measure(bench, topic)
+    silver_scaling.measure(bench, topic)
+    gold_scaling.measure(bench)
+    distinct_scaling.measure(bench)
+    egress.measure(bench)
+    fixed_overhead.measure(bench, topic)
+    storage.measure(bench)
+    latency.measure(bench, topic)
+    fused.measure(bench, topic)
+    datasets_cost.measure(bench)
+    peer.measure(bench)

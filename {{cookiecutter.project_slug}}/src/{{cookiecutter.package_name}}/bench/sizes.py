@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from ..pipeline.config import duration_seconds
 
+# The numbers of datasets whose streams may run in one driver (bench/datasets_cost.py), fewest first: the
+# report has keys for each.
+DATASET_COUNTS = (1, 2, 4)
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -42,6 +46,12 @@ class Sizes:
     # The peer (SDP, bench/peer.py): the catch-up both drain from empty storage, then an increment on that history.
     peer_records: int = 1_000_000
     peer_increment: int = 10_000
+    # Distinct scaling (bench/distinct_scaling.py): values each window's key holds in the distinct count's table.
+    distinct_values_per_key: int = 4
+    # Datasets cost (bench/datasets_cost.py): the backlog of each dataset's topic, and how many datasets run in
+    # one driver, in turn (fewest first, from 1, among DATASET_COUNTS).
+    datasets_records: int = 50_000
+    dataset_counts: tuple[int, ...] = DATASET_COUNTS
 
     def __post_init__(self) -> None:
         positive = (
@@ -66,6 +76,8 @@ class Sizes:
             "egress_rows",
             "peer_records",
             "peer_increment",
+            "distinct_values_per_key",
+            "datasets_records",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -78,6 +90,12 @@ class Sizes:
             raise ValueError(f"Sizes.warmup_records must not be negative, got {self.warmup_records!r}")
         if not 0.0 < self.kill_fraction < 1.0:
             raise ValueError(f"Sizes.kill_fraction must be between 0 and 1, got {self.kill_fraction!r}")
+        if self.distinct_values_per_key < 2:
+            raise ValueError(f"Sizes.distinct_values_per_key must be at least 2, got {self.distinct_values_per_key!r}")
+        counts = self.dataset_counts
+        rising = list(counts) == sorted(set(counts))
+        if not counts or counts[0] != 1 or not rising or not set(counts) <= set(DATASET_COUNTS):
+            raise ValueError(f"Sizes.dataset_counts must rise from 1 among {DATASET_COUNTS}, got {counts!r}")
         if self.gold_batch_windows < 2:
             raise ValueError(f"Sizes.gold_batch_windows must be at least 2, got {self.gold_batch_windows!r}")
         for name in ("overhead_trigger", "latency_trigger", "latency_fast_trigger"):
@@ -141,4 +159,6 @@ QUICK_SIZES = Sizes(
     egress_rows=20_000,
     peer_records=20_000,
     peer_increment=2_000,
+    distinct_values_per_key=4,
+    datasets_records=5_000,
 )

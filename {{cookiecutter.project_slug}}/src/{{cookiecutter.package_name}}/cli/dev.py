@@ -78,7 +78,7 @@ def register(commands) -> None:
     bench_parser = commands.add_parser(
         "bench", help="measure throughput, dedup scaling, batch overhead, latency, exactly-once and recovery cost"
     )
-    bench_parser.add_argument("--quick", action="store_true", help="a smaller run (under 12 minutes)")
+    bench_parser.add_argument("--quick", action="store_true", help="a smaller run (under 20 minutes)")
     bench_parser.add_argument("--output", default="bench-results", help="directory for bench.json and bench.png")
     bench_parser.add_argument(
         "--keep", action="store_true", help="keep the work directory, broker, S3 server and topics"

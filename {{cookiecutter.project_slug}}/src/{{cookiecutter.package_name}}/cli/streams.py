@@ -73,24 +73,21 @@ def selected_streams(config: Config, layer: str, dataset: str | None) -> tuple[s
 
         selected_streams(config, "gold", None)  # ("gold", "orders_gold_by_shop", "orders_gold_hourly")
     """
-    from ..pipeline.config import Mode
     from ..pipeline.delta.tables import dataset_streams, fused_stream
-    from ..pipeline.egress import configured, target
+    from ..pipeline.streams import stream_names
 
     if layer in installed_streams():
         return (layer,)
     datasets = datasets_of(config, dataset)
-    fused = layer == "fused" or (layer == "all" and config.mode is Mode.FUSED)
+    if layer == "all":
+        return stream_names(config, datasets[0] if dataset is not None else None)
     names = []
     for each in datasets:
-        if fused:
+        if layer == "fused":
             names.append(fused_stream(each).name)
         else:
-            names.extend(name for name, stream in dataset_streams(each).items() if layer in ("all", stream.layer))
-    if layer != "all":
-        return tuple(names)
-    running = {each.name for each in datasets}
-    return (*names, *(name for name in configured(config) if target(config, name).dataset.name in running))
+            names.extend(name for name, stream in dataset_streams(each).items() if layer == stream.layer)
+    return tuple(names)
 
 
 def run(config: Config, args: argparse.Namespace) -> int:

@@ -196,7 +196,7 @@ def _chosen_sections(present: set[str], environ: Mapping[str, str]) -> set[str]:
 
 def configured(config: Config) -> dict[str, Egress]:
     """The egress module of each stream the config's egresses run (one per gold each publishes), by stream
-    name, in a fixed order: each egress's first stream, then its other golds.
+    name, in a fixed order: egress by egress, its first stream, then those of its other golds.
 
     Example::
 
