@@ -271,7 +271,8 @@ def storage_env(config) -> dict[str, str]:
 
 def egress_env(config, run: str, admin: AdminClient, second: Dataset | None = None) -> dict[str, str]:
     """The environment that turns on each egress ``config`` has, each with a sink of this run only; with
-    ``second``, each also publishes that dataset's first gold, to a sink of its own (``egress_golds``)."""
+    ``second``, each also publishes that dataset's first gold, to a sink of its own (``judge_published_gold``
+    judges it)."""
     from ..pipeline.egress import settings_of
 
     sections, env, egress = [], {}, settings_of(config)
