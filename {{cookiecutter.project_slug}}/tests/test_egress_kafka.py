@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,10 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cli.streams import _run_until_stopped
 from {{ cookiecutter.package_name }}.devtools.kafka_local import partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.sample import produce, sample_records
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
+from {{ cookiecutter.package_name }}.pipeline.egress import Target, target_stream
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import (
     EgressError,
     KafkaEgress,
@@ -795,6 +799,27 @@ def test_an_empty_batch_moves_the_marker_and_a_lost_marker_is_refused_before_any
         assert len(fold(kafka_bootstrap, out, "read_uncommitted")[0]) == 3
     finally:
         egress.close()
+
+
+def test_an_output_topic_deleted_under_a_stream_is_refused_naming_the_key_of_its_gold(config, kafka_bootstrap):
+    # The first dataset's first gold's topic is `topic`; any other gold's is its entry of `golds`.
+    last = DATASETS[-1]
+    other = Target(target_stream(EGRESS, last, last.golds[-1]), last, last.golds[-1], output_topic(kafka_bootstrap))
+    first = output_topic(kafka_bootstrap)
+    config = with_egress(config, first)
+    named = {first: "egress_kafka.topic"}
+    if other.stream != EGRESS:
+        named[other.destination] = f'egress_kafka.golds."{last.name}.{last.golds[-1].name}"'
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for topic, key in named.items():
+        egress = KafkaEgress(config, settings(config), str(uuid.uuid4()), None if topic == first else other)
+        try:
+            admin.delete_topics([topic])[topic].result(timeout=30)
+            assert wait_until(lambda topic=topic: describe_topic(config, topic) is None, timeout_s=60)
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: topic '{topic}' does not exist$"):
+                egress.check_topic(TopicPartition(topic, 0))
+        finally:
+            egress.close(timeout_s=0)
 
 
 def test_an_output_topic_created_again_is_refused_and_a_new_stream_publishes_gold_to_it_whole(

@@ -173,10 +173,7 @@ def judge_rows(
     findings["bronze"] = sum(((held_values - expected_values) + (expected_values - held_values)).values())
 
     broken = [value for value in committed if value.startswith(BROKEN_PREFIX)]
-    valid = [_parsed(value) for value in committed if not value.startswith(BROKEN_PREFIX)]
-    first_of_key: dict[tuple, dict] = {}
-    for record in valid:
-        first_of_key.setdefault(_key(dataset, record), record)
+    valid, first_of_key = _valid_records(dataset, committed)
     copies = len(valid) - len(first_of_key) if dataset.dedup_key else 0
     names = [each.name for each in dataset.contract.fields]
 
@@ -207,7 +204,7 @@ def judge_rows(
     in_both = {(row["topic"], row["partition"], row["offset"]) for row in quarantine} & set(silver_at)
     findings["quarantine"] += len(in_both)
 
-    kept_records = list(first_of_key.values()) if dataset.dedup_key else valid
+    kept_records = _kept(dataset, valid, first_of_key)
     for gold in dataset.golds:
         findings["gold"] += _rows_wrong(dataset, kept_records, gold, golds.get(gold.name, []), gold_window)
     return dict(findings)
@@ -224,12 +221,22 @@ def judge_published(dataset: Dataset, committed: list[bytes], gold: Gold, rows: 
     if not isinstance(dataset, Dataset) or gold not in dataset.golds:
         raise ValueError(f"gold must be one of the golds of dataset {getattr(dataset, 'name', dataset)!r}")
     window_seconds(gold_window)
+    valid, first_of_key = _valid_records(dataset, committed)
+    return _rows_wrong(dataset, _kept(dataset, valid, first_of_key), gold, rows, gold_window)
+
+
+def _valid_records(dataset: Dataset, committed: list[bytes]) -> tuple[list[dict], dict[tuple, dict]]:
+    """The committed records not broken, parsed, and the first of each business key among them."""
     valid = [_parsed(value) for value in committed if not value.startswith(BROKEN_PREFIX)]
     first_of_key: dict[tuple, dict] = {}
     for record in valid:
         first_of_key.setdefault(_key(dataset, record), record)
-    kept_records = list(first_of_key.values()) if dataset.dedup_key else valid
-    return _rows_wrong(dataset, kept_records, gold, rows, gold_window)
+    return valid, first_of_key
+
+
+def _kept(dataset: Dataset, valid: list[dict], first_of_key: dict[tuple, dict]) -> list[dict]:
+    """The records silver keeps: the first of each business key, or every valid record without a key."""
+    return list(first_of_key.values()) if dataset.dedup_key else valid
 
 
 def _rows_wrong(dataset: Dataset, kept: list[dict], gold: Gold, rows: list[dict], gold_window: str) -> int:

@@ -271,7 +271,7 @@ class KafkaEgress:
         recorded = json.loads(marker.metadata or "{}")
         described = describe_topic(self.config, self.topic)
         if described is None:
-            raise ConfigError(f"{destination_key(self.target)}: topic {self.topic!r} does not exist")
+            raise ConfigError(f"{topic_setting(self.target)[0]}: topic {self.topic!r} does not exist")
         topic_id, partitions = described
         if recorded.get("topic_id") not in (None, topic_id):
             raise CheckpointError(
@@ -298,8 +298,7 @@ class KafkaEgress:
 
     def _key_text(self) -> str:
         """The config key naming this stream's topic, and its variable, as a way out names them."""
-        key = destination_key(SECTION, DESTINATION, self.target)
-        variable = KafkaEgressSettings.variables("topic" if key == f"{SECTION}.{DESTINATION}" else "golds")[0]
+        key, variable = topic_setting(self.target)
         return f"`{key}` (or `{variable}`)"
 
     def _marker(self, timeout_s: float) -> TopicPartition:
@@ -592,10 +591,10 @@ def check_connection(config: Config) -> None:
     admin = AdminClient(client_config(config))
     listed = admin.list_topics(timeout=30).topics
     for target in _targets(config):
-        topic, key = target.destination, destination_key(SECTION, DESTINATION, target)
+        topic = target.destination
+        key, variable = topic_setting(target)
         described = listed.get(topic)
         if described is None or described.error is not None:
-            variable = Settings.variables("topic" if key == f"{SECTION}.{DESTINATION}" else "golds")[0]
             raise ConfigError(
                 f"{key}: topic {topic!r} does not exist on {config.kafka.bootstrap_servers}; create it "
                 f"with cleanup.policy=compact or set {variable}"
@@ -611,6 +610,19 @@ def check_connection(config: Config) -> None:
                 f"--entity-type topics --entity-name {topic} --add-config cleanup.policy=compact "
                 f"(or, if no consumer folds it from its start, set {SECTION}.require_compacted_topic = false)"
             )
+
+
+def topic_setting(target: Target) -> tuple[str, str]:
+    """The config key that names ``target``'s topic, and the variable that overrides it: ``topic`` for the first
+    dataset's first gold, the gold's entry of ``golds`` for another.
+
+    Example::
+
+        topic_setting(target)  # ('egress_kafka.golds."orders.by_shop"', "EGRESS_KAFKA_GOLDS")
+    """
+    key = destination_key(SECTION, DESTINATION, target)
+    field = DESTINATION if key == f"{SECTION}.{DESTINATION}" else "golds"
+    return key, KafkaEgressSettings.variables(field)[0]
 
 
 def _targets(config: Config) -> list[Target]:
