@@ -21,7 +21,10 @@ what the world does to them:
 * ``lose``      a stream's checkpoint deleted (an egress's too);
 * ``snapshot``  a copy of every checkpoint and every table, for ``restore`` and ``rollback``;
 * ``restore``   a stream's checkpoint put back from that older copy;
-* ``rollback``  a table put back to that older copy: its directory replaced, or Delta's RESTORE;
+* ``rollback``  a table put back to that older copy: its directory replaced, or Delta's RESTORE; a
+                record bronze loses that way which retention has deleted from Kafka meanwhile is lost
+                for good: bronze's start after the reset that gets out refuses to skip it, and the
+                oracle stops expecting it;
 * ``reset``     ``checkpoints reset <stream> --yes`` (an egress's too), with or without ``--only``
                 for bronze and silver;
 * ``maintain``  OPTIMIZE or VACUUM of a table by another Spark application (this runner's), while a
@@ -443,6 +446,7 @@ class NemesisReport:
     second_aborted: int = 0
     # Committed records a compacted topic's cleaner removed before bronze read them: no longer expected.
     records_compacted_away: int = 0
+    records_rolled_away: int = 0
     oracle_checks: int = 0
     # The silver sink's commits to silver and quarantine, and the gold sink's to gold, by the way each
     # took (append, MERGE), from the final tables' logs: what the schedule made them do, both ways
@@ -472,6 +476,7 @@ class NemesisReport:
                 else []
             ),
             ("records compacted away before bronze", self.records_compacted_away),
+            ("records lost with bronze put back past retention", self.records_rolled_away),
             ("oracle checks", self.oracle_checks),
             *[(f"silver sink commits: {way}", count) for way, count in sorted(self.silver_sink_commits.items())],
             *[(f"gold sink commits: {way}", count) for way, count in sorted(self.gold_sink_commits.items())],
@@ -572,6 +577,8 @@ class Nemesis:
         # The topics named in kafka.compacted_topics (a changelog by design), and every topic made compacted.
         self.compacted: list[str] = []
         self.compacted_once: list[str] = []
+        # Whether silver may hold records a rollback of bronze lost (_forget_rolled_away), until a reset rebuilds it.
+        self.silver_holds_lost = False
         self.predictions = Predictions()
         self.commands = 0
         acts = {
@@ -1041,6 +1048,7 @@ class Nemesis:
         table = self.rng.choice(sorted(self.table_copies))
         copy, version = self.table_copies.pop(table)
         path = self._table(table)
+        held_before = self._bronze_ids() if table == "bronze" else set()
         now = latest_snapshot(self.spark, path).version() if self._exists(path) else None
         how = self.rng.choice(["copy", "RESTORE"]) if now is not None and now > version else "copy"
         if how == "copy":
@@ -1052,6 +1060,7 @@ class Nemesis:
             except Exception as error:  # noqa: BLE001 - files VACUUM removed: the operator cannot restore
                 return f"RESTORE {table} to version {version} failed: {str(error).splitlines()[0][:120]}"
         owner = self._owner(table)
+        gone = self._forget_rolled_away(held_before) if table == "bronze" else 0
         kinds = {TABLE_AHEAD, MISMATCH, BATCHES_MISSING, VERSION_BEHIND, TABLE_RESTORED}
         egresses = set(self.streams[len(self.layers) :])
         # The streams that read the table as a Delta stream (the fused stream reads none of them back).
@@ -1065,7 +1074,28 @@ class Nemesis:
             reading = {SOURCE_BEHIND} | ({SOURCE_REWRITTEN} if stream in self.layers else set())
             self.expect(stream, kinds | egress | (reading if stream in readers else set()), False)
         at = f"version {now}" if now is not None else "no table"
-        return f"{table} put back from {at} to version {version} ({'its older copy' if how == 'copy' else how})"
+        lost = f"; {gone} committed records gone with Kafka's copy" if gone else ""
+        return f"{table} put back from {at} to version {version} ({'its older copy' if how == 'copy' else how}){lost}"
+
+    def _forget_rolled_away(self, held_before: set[str]) -> int:
+        """Forget (as lost) each committed record bronze held before its table was put back and holds no
+        more, which Kafka no longer holds either (retention deleted it after bronze read it): nothing can
+        bring it back. Bronze's start after the way out of the rollback (a reset, which resumes after what
+        the table holds) then meets Kafka's loss, and its way out accepts it. Until a reset of bronze with
+        the layers below it rebuilds silver from the table, silver still holds such records: a reset of
+        bronze alone would keep them there, so ``reset`` plays none meanwhile. Returns how many."""
+        in_kafka = set()
+        for topic in self.topics:
+            in_kafka |= {record_id(value) for _, _, _, value, _ in read_topic(self.client, topic, "read_committed")}
+        gone = sorted((held_before - self._bronze_ids() - in_kafka) & set(self.ledger.committed))
+        for name in gone:
+            del self.ledger.committed[name]
+            self.ledger.lost.add(name)
+        if gone:
+            self.expect(self.reader, {SOURCE_LOST}, False)
+            self.silver_holds_lost = True
+        self.report.records_rolled_away += len(gone)
+        return len(gone)
 
     def lose(self) -> str:
         stream = self.rng.choice(self.streams)
@@ -1080,7 +1110,9 @@ class Nemesis:
 
     def reset(self) -> str:
         stream = self.rng.choice(self.streams)
+        # A reset of bronze alone would leave silver holding records a rollback lost (_forget_rolled_away).
         only = stream in ("bronze", "silver", FUSED_STREAM) and self.rng.random() < 0.5
+        only = only and not (self.silver_holds_lost and stream == self.reader)
         code, output = self._run(("checkpoints", "reset", stream, *(["--only"] if only else []), "--yes"), None)
         self.expect_ok(f"checkpoints reset {stream}", code, output)
         if code == 0:
@@ -1412,6 +1444,8 @@ class Nemesis:
         streams below it, are behind it."""
         names = self.streams if stream is None else self._downstream(stream) if downstream else (stream,)
         self.predictions.cleared(names, reset=reset)
+        if reset and downstream and stream == self.reader:
+            self.silver_holds_lost = False
 
     def _downstream(self, stream: str) -> tuple[str, ...]:
         """``stream`` and every stream that reads what it writes: a layer's are the layers above it and
