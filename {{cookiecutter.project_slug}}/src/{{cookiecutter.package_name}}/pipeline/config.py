@@ -1,11 +1,11 @@
 """Pipeline configuration: one TOML file per environment plus environment overrides, typed by pydantic.
 
 Each table of the file is a settings model (a ``Section``): ``kafka``, ``kafka_local``, ``lakehouse``,
-``s3``, ``s3_local``, ``spark``, ``pipeline``, ``metrics``. Two settings sources feed it, the file's
-table and the environment, where ``<env_prefix><KEY>`` overrides a key (``KAFKA_BOOTSTRAP_SERVERS``
-overrides ``kafka.bootstrap_servers``; a list is comma-separated). Every key is checked at start-up; a
-bad value stops the program with a ``ConfigError`` that names the key (and the variable, when one set
-it), before Spark or Kafka are touched.
+``s3``, ``s3_local``, ``schema_registry``, ``registry_local``, ``spark``, ``pipeline``, ``metrics``. Two
+settings sources feed it, the file's table and the environment, where ``<env_prefix><KEY>`` overrides a
+key (``KAFKA_BOOTSTRAP_SERVERS`` overrides ``kafka.bootstrap_servers``; a list is comma-separated). Every
+key is checked at start-up; a bad value stops the program with a ``ConfigError`` that names the key (and
+the variable, when one set it), before Spark or Kafka are touched.
 
 Secrets (the SASL password, a client key's password) come from the environment or from files the
 config names, never from the config itself (a secret written there is refused); they are ``SecretStr``
@@ -48,6 +48,8 @@ DEFAULT_ENV = "local"
 LOCAL_BOOTSTRAP = "local"
 # s3.endpoint naming the server of `s3-local start`.
 LOCAL_ENDPOINT = "local"
+# schema_registry.url naming the development registry of `registry-local start`.
+LOCAL_REGISTRY = "local"
 # conf/ sits at the top of the package, where a team looks for it.
 CONF_PACKAGE = __package__.rpartition(".")[0]
 # Tables named so are an egress's (see pipeline/egress/): kept as written, parsed by that egress.
@@ -509,6 +511,35 @@ class S3LocalSection(Section):
     home: Text = ".s3-local"
 
 
+class SchemaRegistrySection(Section):
+    """``[schema_registry]``: the registry of the writer schemas of the Avro and Protobuf datasets (optional).
+
+    Any registry with Confluent's REST API: Confluent Schema Registry, Apicurio's ``/apis/ccompat/v7``,
+    Redpanda, Karapace.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SCHEMA_REGISTRY_")
+
+    # Empty: no registry (every dataset is JSON). "local": the registry of `registry-local start`.
+    url: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_a_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and value != LOCAL_REGISTRY and not re.fullmatch(r"https?://[^\s]+", value):
+            raise ValueError(f"{value!r} is not an http(s):// URL, 'local' or empty (no registry)")
+        return value.rstrip("/")
+
+
+class RegistryLocalSection(Section):
+    """``[registry_local]``: where `registry-local start` keeps the development schema registry (optional)."""
+
+    model_config = SettingsConfigDict(env_prefix="REGISTRY_LOCAL_")
+
+    home: Text = ".registry-local"
+
+
 class SparkSection(Section):
     """``[spark]``: the master the pipeline's own session uses, and its shuffle width."""
 
@@ -553,6 +584,8 @@ class Settings(Section):
     lakehouse: LakehouseSection
     s3: S3Section = S3Section()
     s3_local: S3LocalSection = S3LocalSection()
+    schema_registry: SchemaRegistrySection = SchemaRegistrySection()
+    registry_local: RegistryLocalSection = RegistryLocalSection()
     spark: SparkSection
     pipeline: PipelineSection
     metrics: MetricsSection = MetricsSection()
@@ -573,6 +606,8 @@ class Config(BaseModel):
     lakehouse_root: str
     s3: S3Section = S3Section()
     s3_local_home: Path = Path(".s3-local")
+    schema_registry: SchemaRegistrySection = SchemaRegistrySection()
+    registry_local_home: Path = Path(".registry-local")
     spark_master: str
     shuffle_partitions: int
     spark_ui_enabled: bool
@@ -616,6 +651,8 @@ def load_config(
         lakehouse_root=_lakehouse_root(settings.lakehouse.root),
         s3=settings.s3,
         s3_local_home=Path(settings.s3_local.home).expanduser(),
+        schema_registry=settings.schema_registry,
+        registry_local_home=Path(settings.registry_local.home).expanduser(),
         spark_master=settings.spark.master,
         shuffle_partitions=settings.spark.shuffle_partitions,
         spark_ui_enabled=settings.spark.ui_enabled,
