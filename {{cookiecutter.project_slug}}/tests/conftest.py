@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka, partitions_with_leaders
+from {{ cookiecutter.package_name }}.devtools.registry_local import LocalRegistry
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
 from {{ cookiecutter.package_name }}.pipeline.config import Config, load_config
 from {{ cookiecutter.package_name }}.pipeline.dataset import DATASET_NAME_PATTERN
@@ -285,6 +286,15 @@ def undocumented_paths(paths: list[str]) -> list[str]:
 def undocumented_in_lakehouse(lakehouse_files):
     """``undocumented_paths`` of what a lakehouse root holds, three levels down (the layout's deepest)."""
     return lambda root: undocumented_paths(lakehouse_files.listing(root, 3))
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> str:
+    """The URL of a real schema registry (Apicurio, Confluent's API) for the whole test session."""
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"))
+    url = registry.start()
+    yield url
+    registry.stop()
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,10 @@ from pyspark.sql import SparkSession
 # The connector must match the running Spark exactly; taking the version from the
 # installed pyspark makes a mismatch impossible.
 KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+# from_avro, for datasets in Avro (formats/avro.py); Avro itself is one of pyspark's own jars.
+AVRO_CONNECTOR = f"org.apache.spark:spark-avro_2.13:{pyspark.__version__}"
 
-# Dependencies of the packages (Delta, the Kafka connector, S3A and the AWS SDK) that pyspark's own
+# Dependencies of the packages (Delta, the Kafka and Avro connectors, S3A and the AWS SDK) that pyspark's own
 # jars already hold, most at another version. Spark loads its own copy first, so a resolved one is
 # never used, yet Spark copies every package jar into each process's work directory and ships it to
 # every executor: about 78 MB per process (83 MB with S3), 0.9 s of each start. tests/test_s3.py
@@ -74,6 +76,7 @@ PROVIDED_BY_SPARK = (
     "org.roaringbitmap:RoaringBitmap",
     "org.scala-lang.modules:scala-parallel-collections_2.13",
     "org.slf4j:slf4j-api",
+    "org.tukaani:xz",
     "org.xerial.snappy:snappy-java",
 )
 JAR_EXCLUDES = "spark.jars.excludes"
@@ -264,7 +267,7 @@ def build_spark(
         conf[DRIVER_JAVA_OPTIONS] = java_options
     excludes = [*PROVIDED_BY_SPARK, *filter(None, conf.pop(JAR_EXCLUDES, "").split(","))]
     conf[JAR_EXCLUDES] = ",".join(excludes)
-    packages = [KAFKA_CONNECTOR, *(extra_packages or [])]
+    packages = [KAFKA_CONNECTOR, AVRO_CONNECTOR, *(extra_packages or [])]
     jars = resolved_jars(packages, conf)
     own_jars = conf.get(JARS, "")
     if jars:

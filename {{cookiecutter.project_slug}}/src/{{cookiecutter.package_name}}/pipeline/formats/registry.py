@@ -1,0 +1,96 @@
+"""Writer schemas, looked up by id in a schema registry with Confluent's REST API.
+
+confluent-kafka's own ``SchemaRegistryClient`` speaks to the registry; this module asks it for the
+ids a batch names and keeps each schema it found, once per process, in a bounded cache (a schema
+never changes under its id). An id the registry does not hold is not kept: a schema registered after
+the records that name it is found when they are read again (a reset of silver). A registry that does
+not answer fails the batch with ``RegistryUnavailable``, naming ``schema_registry.url``: that is not a
+record's fault, and the batch replays once it answers.
+
+The client runs in the driver alone; nothing of it is shipped to the executors.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+
+# Schemas kept per process: far more than the writer versions of a project's topics.
+CACHE_SIZE = 1000
+NOT_FOUND = 404
+
+
+class RegistryUnavailable(RuntimeError):
+    """The registry did not answer (or answered with a server error): the batch fails, and replays."""
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    """A schema as the registry holds it: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
+
+    schema_id: int
+    schema_type: str
+    text: str
+
+
+class WriterSchemas:
+    """The writer schemas of ids, from the registry at ``url``, each fetched once per process.
+
+    Example::
+
+        schemas = WriterSchemas("http://127.0.0.1:8081")
+        schemas.lookup([1, 2])  # {1: WriterSchema(1, "AVRO", "{...}"), 2: None}  (2: not in the registry)
+    """
+
+    def __init__(self, url: str, client: SchemaRegistryClient | None = None, cache_size: int = CACHE_SIZE) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be the registry's http(s):// URL, not {url!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ValueError(f"cache_size must be a positive int, not {cache_size!r}")
+        self.url = url
+        self._client = client or SchemaRegistryClient({"url": url})
+        self._cache_size = cache_size
+        self._found: OrderedDict[int, WriterSchema] = OrderedDict()
+
+    def lookup(self, schema_ids: Iterable[int]) -> dict[int, WriterSchema | None]:
+        """Each id's writer schema, None for an id the registry does not hold.
+
+        Raises RegistryUnavailable naming schema_registry.url when the registry does not answer.
+        """
+        found: dict[int, WriterSchema | None] = {}
+        for schema_id in schema_ids:
+            if isinstance(schema_id, bool) or not isinstance(schema_id, int):
+                raise TypeError(f"schema ids are ints, not {schema_id!r}")
+            found[schema_id] = self._schema(schema_id)
+        return found
+
+    def _schema(self, schema_id: int) -> WriterSchema | None:
+        if schema_id in self._found:
+            self._found.move_to_end(schema_id)
+            return self._found[schema_id]
+        try:
+            schema = self._client.get_schema(schema_id)
+        except SchemaRegistryError as error:
+            if error.http_status_code == NOT_FOUND:
+                return None
+            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
+        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
+            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+        writer = WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
+        self._found[schema_id] = writer
+        if len(self._found) > self._cache_size:
+            self._found.popitem(last=False)
+        return writer
+
+    def _unavailable(self, what: str) -> RegistryUnavailable:
+        parts = urlsplit(self.url)
+        # Never a user or password a URL may carry.
+        shown = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+        return RegistryUnavailable(
+            f"schema_registry.url: the registry at {shown} did not answer ({what}); the batch fails and is "
+            "read again once it answers: no record is lost or quarantined for it"
+        )

@@ -1,0 +1,209 @@
+"""Avro in the Confluent wire format, read into a contract: values written by confluent-kafka's own
+AvroSerializer through a real registry, three writer versions and bad records mixed in, read by Spark."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from chispa import assert_df_equality
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from pyspark.sql import functions as F
+
+from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.formats import wire
+from {{ cookiecutter.package_name }}.pipeline.formats.avro import parse_avro, quarantine_reasons, schema_ids
+from {{ cookiecutter.package_name }}.pipeline.formats.registry import RegistryUnavailable, WriterSchema, WriterSchemas
+
+pytestmark = pytest.mark.xdist_group("schema_registry")
+
+ORDERS = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("quantity", Kind.LONG),
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+        Field("coupon", Kind.STRING, required=False),
+    ),
+    event_time="ordered_at",
+    dimensions=("shop",),
+    measures=("quantity", "total"),
+)
+MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
+MICROS = {"type": "long", "logicalType": "timestamp-micros"}
+
+
+def decimal(precision: int) -> dict:
+    return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": 2}
+
+
+def order_schema(*fields: dict) -> str:
+    return json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": list(fields)})
+
+
+# Three versions a producer went through: v2 adds coupon (with a default), promotes quantity from int
+# to long and writes microseconds; v3 removes note. The contract reads every one of them.
+V1 = order_schema(
+    {"name": "order_id", "type": "string"},
+    {"name": "ordered_at", "type": MILLIS},
+    {"name": "shop", "type": "string"},
+    {"name": "quantity", "type": "int"},
+    {"name": "total", "type": decimal(10)},
+    {"name": "note", "type": "string"},
+)
+V2 = order_schema(
+    {"name": "order_id", "type": "string"},
+    {"name": "ordered_at", "type": MICROS},
+    {"name": "shop", "type": "string"},
+    {"name": "quantity", "type": "long"},
+    {"name": "total", "type": decimal(12)},
+    {"name": "note", "type": "string"},
+    {"name": "coupon", "type": ["null", "string"], "default": None},
+)
+V3 = order_schema(
+    {"name": "order_id", "type": "string"},
+    {"name": "ordered_at", "type": MICROS},
+    {"name": "shop", "type": "string"},
+    {"name": "quantity", "type": "long"},
+    {"name": "total", "type": decimal(12)},
+    {"name": "coupon", "type": ["null", "string"], "default": None},
+)
+# Another team's schema for the same record: the event time as text, which the contract cannot read.
+TEXT_TIME = order_schema(
+    {"name": "order_id", "type": "string"},
+    {"name": "ordered_at", "type": "string"},
+    {"name": "shop", "type": "string"},
+    {"name": "quantity", "type": "long"},
+    {"name": "total", "type": decimal(12)},
+)
+PROTO = 'syntax = "proto3";\nmessage Order { string order_id = 1; }\n'
+AT = datetime(2024, 6, 1, 12, 0, 30, 250000, tzinfo=UTC)
+
+
+def micros(instant: datetime) -> int:
+    return int(instant.timestamp()) * 1_000_000 + instant.microsecond
+
+
+def test_three_writer_versions_resolve_into_the_contract_and_every_bad_record_gets_its_reason(
+    spark, schema_registry
+) -> None:
+    client = SchemaRegistryClient({"url": schema_registry})
+    topic = "avro-orders"
+    client.set_compatibility(f"{topic}-value", "BACKWARD")
+
+    def serialize(schema: str, record: dict, subject_topic: str = topic) -> bytes:
+        serializer = AvroSerializer(client, schema)
+        return serializer(record, SerializationContext(subject_topic, MessageField.VALUE))
+
+    base = {"order_id": "o-1", "ordered_at": AT, "shop": "north", "quantity": 2, "total": Decimal("10.50")}
+    v1 = serialize(V1, {**base, "note": "first"})
+    v2 = serialize(V2, {**base, "order_id": "o-2", "quantity": 5_000_000_000, "note": "n", "coupon": "C10"})
+    v3 = serialize(V3, {**base, "order_id": "o-3", "coupon": None})
+    ids = [int.from_bytes(value[1:5], "big") for value in (v1, v2, v3)]
+    assert len(set(ids)) == 3, ids
+    empty_shop = serialize(V3, {**base, "order_id": "o-4", "shop": "", "coupon": None})
+    too_early = serialize(V3, {**base, "order_id": "o-5", "ordered_at": datetime(1500, 1, 1, tzinfo=UTC)})
+    text_time = serialize(TEXT_TIME, {**base, "ordered_at": AT.isoformat()}, "other-team")
+    proto_id = client.register_schema("proto-orders-value", Schema(PROTO, "PROTOBUF"))
+    text_id = int.from_bytes(text_time[1:5], "big")
+    unknown_id = max(*ids, text_id, proto_id) + 1000
+
+    def framed(schema_id: int, body: bytes) -> bytes:
+        return bytes([0]) + schema_id.to_bytes(4, "big") + body
+
+    values = [
+        v1,
+        v2,
+        v3,
+        empty_shop,
+        too_early,
+        None,
+        b'{"order_id": "o-6"}',
+        b"\x00\x00\x01",
+        framed(unknown_id, v1[5:]),
+        framed(ids[0], b"\xff\xff\xff\xff"),
+        text_time,
+        framed(proto_id, b"\x0a\x01x"),
+    ]
+    bronze = spark.createDataFrame(
+        [(topic, 0, offset, value) for offset, value in enumerate(values)],
+        "topic string, partition int, offset long, value binary",
+    )
+    found = schema_ids(bronze)
+    assert found == sorted({*ids, text_id, unknown_id, proto_id})
+    writers = WriterSchemas(schema_registry).lookup(found)
+    assert writers[unknown_id] is None and writers[proto_id].schema_type == "PROTOBUF"
+
+    parsed = parse_avro(bronze, ORDERS, writers)
+
+    assert parsed.columns == [*bronze.columns, *ORDERS.names, "reason"]
+    valid = parsed.where("reason IS NULL").select(
+        "offset", "order_id", F.unix_micros("ordered_at").alias("at"), "shop", "quantity", "total", "coupon"
+    )
+    expected = spark.createDataFrame(
+        [
+            (0, "o-1", micros(AT) // 1000 * 1000, "north", 2, Decimal("10.50"), None),
+            (1, "o-2", micros(AT), "north", 5_000_000_000, Decimal("10.50"), "C10"),
+            (2, "o-3", micros(AT), "north", 2, Decimal("10.50"), None),
+        ],
+        valid.schema,
+    )
+    assert_df_equality(valid, expected, ignore_row_order=True, ignore_nullable=True)
+    reasons = {row.offset: row.reason for row in parsed.where("reason IS NOT NULL").collect()}
+    unresolvable = reasons.pop(10)
+    assert unresolvable.startswith(f"{wire.UNRESOLVABLE}{text_id}: "), unresolvable
+    assert "ordered_at" in unresolvable or "string" in unresolvable, unresolvable
+    assert reasons == {
+        3: "field shop must not be empty",
+        4: "field ordered_at is outside the supported range [1583-01-01T00:00:00Z, 9999-01-01T00:00:00Z)",
+        5: "null value (tombstone)",
+        6: wire.NOT_WIRE_FORMAT,
+        7: wire.NOT_WIRE_FORMAT,
+        8: f"{wire.UNKNOWN_SCHEMA}{unknown_id}",
+        9: f"{wire.UNREADABLE}{ids[0]}",
+        11: f"writer schema is not Avro, id {proto_id}",
+    }
+    # Every reason is one of the dataset's labels once its id (and why) is taken out: a bounded set.
+    assert {wire.label(reason) for reason in [*reasons.values(), unresolvable]} <= set(quarantine_reasons(ORDERS))
+    labelled = parsed.where("reason IS NOT NULL").select("reason", wire.label_column(F.col("reason")).alias("label"))
+    assert all(row.label == wire.label(row.reason) for row in labelled.collect())
+
+
+def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_names_the_setting(schema_registry):
+    client = SchemaRegistryClient({"url": schema_registry})
+    schema_id = client.register_schema("cache-check-value", Schema(V1, "AVRO"))
+
+    class Counting(SchemaRegistryClient):
+        asked: list[int] = []
+
+        def get_schema(self, schema_id, *args, **kwargs):
+            self.asked.append(schema_id)
+            return super().get_schema(schema_id, *args, **kwargs)
+
+    counting = Counting({"url": schema_registry})
+    schemas = WriterSchemas(schema_registry, client=counting, cache_size=1)
+    first = schemas.lookup([schema_id, schema_id])[schema_id]
+    assert first == WriterSchema(schema_id, "AVRO", first.text) and json.loads(first.text)["name"] == "Order"
+    assert schemas.lookup([schema_id]) == {schema_id: first}
+    assert counting.asked == [schema_id]
+    # An id the registry does not hold is asked again next time: it may be registered by then.
+    missing = schema_id + 100_000
+    assert schemas.lookup([missing]) == {missing: None}
+    assert schemas.lookup([missing]) == {missing: None}
+    assert counting.asked == [schema_id, missing, missing]
+
+    closed = "http://user:secret@127.0.0.1:1/apis/ccompat/v7"
+    with pytest.raises(
+        RegistryUnavailable, match=r"^schema_registry\.url: the registry at http://127\.0\.0\.1:1/"
+    ) as refused:
+        WriterSchemas(closed, client=SchemaRegistryClient({"url": "http://127.0.0.1:1", "max.retries": 0})).lookup([1])
+    assert "secret" not in str(refused.value)
+    with pytest.raises(ValueError, match="url must be"):
+        WriterSchemas("127.0.0.1:8081")
+    with pytest.raises(TypeError, match="schema ids are ints"):
+        schemas.lookup(["1"])
