@@ -3,7 +3,9 @@ AvroSerializer through a real registry, three writer versions and bad records mi
 
 from __future__ import annotations
 
+import argparse
 import json
+import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -14,9 +16,18 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import functions as F
 
-from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
+from {{ cookiecutter.package_name }}.cli.schemas import describe_schema
+from {{ cookiecutter.package_name }}.pipeline.config import load_config
+from {{ cookiecutter.package_name }}.pipeline.contract import (
+    Contract,
+    Field,
+    Kind,
+    quarantine_label,
+    quarantine_label_column,
+)
 from {{ cookiecutter.package_name }}.pipeline.formats import wire
-from {{ cookiecutter.package_name }}.pipeline.formats.avro import parse_avro, quarantine_reasons, schema_ids
+from {{ cookiecutter.package_name }}.pipeline.formats.avro import parse_avro, quarantine_reasons, resolve, schema_ids
 from {{ cookiecutter.package_name }}.pipeline.formats.registry import RegistryUnavailable, WriterSchema, WriterSchemas
 
 pytestmark = pytest.mark.xdist_group("schema_registry")
@@ -169,9 +180,11 @@ def test_three_writer_versions_resolve_into_the_contract_and_every_bad_record_ge
         11: f"writer schema is not Avro, id {proto_id}",
     }
     # Every reason is one of the dataset's labels once its id (and why) is taken out: a bounded set.
-    assert {wire.label(reason) for reason in [*reasons.values(), unresolvable]} <= set(quarantine_reasons(ORDERS))
-    labelled = parsed.where("reason IS NOT NULL").select("reason", wire.label_column(F.col("reason")).alias("label"))
-    assert all(row.label == wire.label(row.reason) for row in labelled.collect())
+    labels = {quarantine_label(reason) for reason in [*reasons.values(), unresolvable]}
+    assert labels <= set(quarantine_reasons(ORDERS)) and f"{wire.UNKNOWN_SCHEMA}<id>" in labels, labels
+    rejected = parsed.where("reason IS NOT NULL")
+    labelled = rejected.select("reason", quarantine_label_column(F.col("reason")).alias("label")).collect()
+    assert {row.reason: row.label for row in labelled} == {row.reason: quarantine_label(row.reason) for row in labelled}
 
 
 def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_names_the_setting(schema_registry):
@@ -207,3 +220,34 @@ def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_nam
         WriterSchemas("127.0.0.1:8081")
     with pytest.raises(TypeError, match="schema ids are ints"):
         schemas.lookup(["1"])
+
+
+def test_describe_schema_prints_fields_that_read_the_subjects_latest_schema(schema_registry, capsys) -> None:
+    client = SchemaRegistryClient({"url": schema_registry})
+    subject = f"described-{uuid.uuid4().hex[:6]}-value"
+    with_odd_fields = json.loads(V2)
+    with_odd_fields["fields"].append({"name": "weight", "type": "double"})
+    schema_id = client.register_schema(subject, Schema(json.dumps(with_odd_fields), "AVRO"))
+    config = load_config("local", environ={"SCHEMA_REGISTRY_URL": schema_registry})
+
+    assert describe_schema(config, argparse.Namespace(subject=subject)) == ExitCode.OK
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        f"# The fields that read subject {subject}'s latest schema (id {schema_id}):",
+        'Field("order_id", Kind.STRING),',
+        'Field("ordered_at", Kind.TIMESTAMP),',
+        'Field("shop", Kind.STRING),',
+        'Field("quantity", Kind.LONG),',
+        'Field("total", Kind.DECIMAL, precision=12, scale=2),',
+        'Field("note", Kind.STRING),',
+        'Field("coupon", Kind.STRING, required=False),',
+        "# weight: double has no exact kind: write a decimal (bytes, logicalType decimal) to read it",
+    ]
+    # Pasted into a contract, they read that very schema.
+    fields = eval("(" + " ".join(line for line in printed if not line.startswith("#")) + ")")  # noqa: S307
+    pasted = Contract(fields=fields, event_time="ordered_at", dimensions=("shop",), measures=("total",))
+    latest = WriterSchemas(schema_registry).latest(subject)
+    assert latest.schema_id == schema_id and resolve(pasted, latest).problem is None
+    # An unknown subject exits 1 naming it.
+    assert describe_schema(config, argparse.Namespace(subject="nobody-value")) == ExitCode.FAILED
+    assert "subject nobody-value has no schema" in capsys.readouterr().err

@@ -28,6 +28,7 @@ def connect(config: Config, egress: bool = False, asked: str | None = None, prov
     config = resolve(config, egress=egress)
     # Before Spark: its Kafka client would retry a refused login forever.
     check_connection(config)
+    check_registry(config)
     if egress:
         check_egress(config, asked, provision=provision and local_broker)
     return config
@@ -53,6 +54,24 @@ def check_egress(config: Config, asked: str | None = None, provision: bool = Fal
         if provision:
             module.provision_local(config)
         module.check_connection(config)
+
+
+def check_registry(config: Config) -> None:
+    """Reach the schema registry when a dataset names its writer schemas there (Avro): ConfigError naming
+    schema_registry.url when it is not set or does not answer.
+    """
+    from ..pipeline.datasets import DATASETS
+    from ..pipeline.formats.registry import RegistryUnavailable
+    from ..pipeline.silver import schemas_for
+
+    for dataset in DATASETS:
+        schemas = schemas_for(config, dataset)
+        if schemas is not None:
+            try:
+                schemas.check()
+            except RegistryUnavailable as error:
+                raise ConfigError(str(error)) from None
+            return
 
 
 def spark_session(config: Config, app: str):

@@ -99,6 +99,9 @@ class Rule(Enum):
 
 JSON_TYPE_FOLLOWS = ", got "
 JSON_TYPE_PLACEHOLDER = "<type>"
+# A reason about a record's writer schema (formats/wire.py) ends with the schema id, and perhaps why.
+SCHEMA_ID_FOLLOWS = ", id "
+SCHEMA_ID_PLACEHOLDER = "<id>"
 # A valid record whose business key a record silver keeps has (a dataset's dedup_key, dedup.py):
 # the reason names that record, ``<topic>/<partition>/<offset>``; its label does not.
 DUPLICATE_OF = "duplicate of "
@@ -119,8 +122,9 @@ def _iso(instant: datetime) -> str:
 
 
 def quarantine_label(reason: str) -> str:
-    """``reason`` with the JSON type a ``... got`` rule appends replaced by ``<type>``, and the record
-    a duplicate is of by ``<record>``: one of ``Contract.quarantine_reasons()`` or ``DUPLICATE_LABEL``,
+    """``reason`` with the JSON type a ``... got`` rule appends replaced by ``<type>``, the record a
+    duplicate is of by ``<record>`` and the schema id a wire-format reason names (and what follows) by
+    ``<id>``: one of the dataset's reasons or ``DUPLICATE_LABEL``,
     a bounded set, where the reasons themselves are not (a JSON type names the keys of the object the
     producer sent).
 
@@ -133,7 +137,10 @@ def quarantine_label(reason: str) -> str:
     if reason.startswith(DUPLICATE_OF):
         return DUPLICATE_LABEL
     head, found, _ = reason.partition(JSON_TYPE_FOLLOWS)
-    return head + found + JSON_TYPE_PLACEHOLDER if found else reason
+    if found:
+        return head + found + JSON_TYPE_PLACEHOLDER
+    head, found, _ = reason.partition(SCHEMA_ID_FOLLOWS)
+    return head + found + SCHEMA_ID_PLACEHOLDER if found else reason
 
 
 def quarantine_label_column(reason: Column) -> Column:
@@ -147,9 +154,11 @@ def quarantine_label_column(reason: Column) -> Column:
         raise TypeError(f"reason must be a Column, not {type(reason).__name__}")
     head = F.substring_index(reason, JSON_TYPE_FOLLOWS, 1)
     labelled = F.concat(head, F.lit(JSON_TYPE_FOLLOWS + JSON_TYPE_PLACEHOLDER))
+    schema = F.concat(F.substring_index(reason, SCHEMA_ID_FOLLOWS, 1), F.lit(SCHEMA_ID_FOLLOWS + SCHEMA_ID_PLACEHOLDER))
     return (
         F.when(reason.startswith(DUPLICATE_OF), F.lit(DUPLICATE_LABEL))
         .when(F.instr(reason, JSON_TYPE_FOLLOWS) > 0, labelled)
+        .when(F.instr(reason, SCHEMA_ID_FOLLOWS) > 0, schema)
         .otherwise(reason)
     )
 

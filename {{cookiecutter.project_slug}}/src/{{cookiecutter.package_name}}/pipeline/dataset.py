@@ -46,6 +46,7 @@ from enum import StrEnum
 
 from .config import duration_seconds
 from .contract import EVENT_COUNT, NAME_PATTERN, NUMERIC_KINDS, RESERVED_NAMES, WINDOW_END, WINDOW_START, Contract, Kind
+from .formats import Format
 
 # Table and stream names are built from these: lower case, so that they are the same on every store.
 DATASET_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
@@ -213,6 +214,8 @@ class Dataset:
     dedup_key: tuple[str, ...] = ()
     dedup_horizon: str | None = None
     naming: Naming = Naming.DATASET
+    # How its Kafka values are written: JSON objects, or Avro in the Confluent wire format (formats/).
+    format: Format = Format.JSON
 
     def __post_init__(self) -> None:
         _check_name_and_freeze(self, "dataset", ("golds", "dedup_key"))
@@ -240,6 +243,8 @@ class Dataset:
             duration_seconds(self.dedup_horizon, f"dataset {self.name}: dedup_horizon")
         if not isinstance(self.naming, Naming):
             raise ValueError(f"dataset {self.name}: naming must be a Naming ({', '.join(Naming)})")
+        if not isinstance(self.format, Format):
+            raise ValueError(f"dataset {self.name}: format must be a Format ({', '.join(Format)})")
 
     @property
     def bronze(self) -> str:

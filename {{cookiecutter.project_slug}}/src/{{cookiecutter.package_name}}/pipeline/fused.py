@@ -77,9 +77,10 @@ from .recovery.sink_progress import last_tagged_batch, record_sink_versions
 from .silver import (
     insert_new_kafka_records,
     offset_range_predicate,
-    parse_events,
+    parse_records,
     quarantined_records,
     ranges_and_quarantine_share,
+    schemas_for,
     valid_events,
     without_duplicates,
 )
@@ -226,6 +227,7 @@ def stream_writer(
     """
     stream = fused_stream(dataset)
     contract, name = dataset.contract, stream.name
+    schemas = schemas_for(config, dataset)
     paths = {table: lakehouse.table(table) for table in stream.sinks}
     bronze_path, silver_path = paths[dataset.bronze], paths[dataset.silver]
     quarantine_path = paths[dataset.quarantine]
@@ -274,7 +276,7 @@ def stream_writer(
                 # Cached: the first job to read a partition (bronze's append, or the key ranges' job
                 # running beside it) reads it from Kafka and fills the cache; the other waits and reads it back.
                 identified = (from_kafka if committed is None else committed).persist()
-                parsed = parse_events(identified, contract).persist()
+                parsed = parse_records(identified, dataset, schemas).persist()
                 cached += [identified, parsed]
                 if dataset.dedup_key:
                     # Judged against silver as it is now: on a replay after silver's commit, the batch's own

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .config import duration_seconds
+from .config import Config, ConfigError, duration_seconds
 from .contract import (
     EVENT_TIME_RANGE,
     NOT_AN_OBJECT,
@@ -45,6 +45,9 @@ from .datasets.events import EVENTS
 from .dedup import CALENDAR_SPAN_S, mark_business_key_duplicates
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, Lakehouse, dataset_streams, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
+from .formats import Format
+from .formats.avro import parse_avro, resolve, schema_ids
+from .formats.registry import RegistryUnavailable, WriterSchemas, writer_schemas
 from .instants import to_micros
 from .monitoring import report_quarantine
 from .recovery import checkpoints
@@ -192,6 +195,73 @@ def parse_events(bronze: DataFrame, contract: Contract = EVENTS) -> DataFrame:
     return parsed.select(*bronze.columns, *contract.names, "reason")
 
 
+def parse_records(bronze: DataFrame, dataset: Dataset, schemas: WriterSchemas | None = None) -> DataFrame:
+    """Bronze rows plus one typed column per field of ``dataset``'s contract and `reason`, in its format:
+    ``parse_events`` for JSON, ``formats.avro.parse_avro`` for Avro, whose writer schemas ``schemas``
+    finds (``schemas_for``). RegistryUnavailable when the registry does not answer: the batch fails.
+
+    Example::
+
+        parsed = parse_records(bronze_batch, ORDERS, schemas_for(config, ORDERS))
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if dataset.format is Format.JSON:
+        return parse_events(bronze, dataset.contract)
+    if not isinstance(schemas, WriterSchemas):
+        raise ValueError(f"dataset {dataset.name} is in {dataset.format}: its writer schemas come from a registry")
+    return parse_avro(bronze, dataset.contract, schemas.lookup(schema_ids(bronze)))
+
+
+def schemas_for(config: Config, dataset: Dataset) -> WriterSchemas | None:
+    """Where ``dataset``'s writer schemas are looked up: None for JSON, else the registry of
+    ``schema_registry.url`` (ConfigError naming it when it is empty).
+
+    Example::
+
+        schemas_for(config, ORDERS)  # WriterSchemas of config.schema_registry.url, or None
+    """
+    if dataset.format is Format.JSON:
+        return None
+    url = config.schema_registry.url
+    if not url:
+        raise ConfigError(
+            f"schema_registry.url: dataset {dataset.name} is in {dataset.format}, which names its writer schemas "
+            "in a registry: set its URL (SCHEMA_REGISTRY_URL; `local` for the registry of `registry-local start`)"
+        )
+    return writer_schemas(url)
+
+
+def check_latest_writers(config: Config, dataset: Dataset) -> None:
+    """For a dataset not in JSON: ConfigError when the latest schema of a topic's subject (``<topic>-value``)
+    cannot be read into its contract (every record its producers now write would go to quarantine, so the
+    stream does not start), or when the registry does not answer.
+
+    Example::
+
+        check_latest_writers(config_of(config, ORDERS), ORDERS)
+    """
+    schemas = schemas_for(config, dataset)
+    if schemas is None:
+        return
+    for topic in config.kafka.topics:
+        subject = f"{topic}-value"
+        try:
+            latest = schemas.latest(subject)
+        except RegistryUnavailable as error:
+            raise ConfigError(str(error)) from None
+        if latest is None:
+            continue
+        problem = resolve(dataset.contract, latest).problem
+        if problem is not None:
+            raise ConfigError(
+                f"dataset {dataset.name}: the latest schema of subject {subject} (id {latest.schema_id}) cannot be "
+                f"read into its contract ({problem}): every record its producers write now would go to quarantine. "
+                f"Change the contract to read it (`describe-schema {subject}` prints its fields) or register a "
+                "schema the contract reads, then start again"
+            )
+
+
 def valid_events(parsed: DataFrame, contract: Contract = EVENTS) -> DataFrame:
     """The silver rows: contract fields in declaration order, then the Kafka coordinates.
 
@@ -331,9 +401,14 @@ def insert_new_kafka_records(rows: DataFrame, path: str, ranges: list[Row], app_
 
 
 def stream_writer(
-    spark: SparkSession, lakehouse: Lakehouse, prepared: checkpoints.Prepared, dataset: Dataset = EVENTS_DATASET
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    prepared: checkpoints.Prepared,
+    dataset: Dataset = EVENTS_DATASET,
+    schemas: WriterSchemas | None = None,
 ) -> DataStreamWriter:
-    """``dataset``'s silver stream, ready to start: each bronze batch parsed into silver and quarantine once.
+    """``dataset``'s silver stream, ready to start: each bronze batch parsed into silver and quarantine once
+    (``schemas``: where the writer schemas of a dataset not in JSON are, ``schemas_for``).
 
     Example::
 
@@ -345,7 +420,7 @@ def stream_writer(
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)
-        parsed = parse_events(first_per_kafka_record(bronze_batch), dataset.contract).persist()
+        parsed = parse_records(first_per_kafka_record(bronze_batch), dataset, schemas).persist()
         checked = None
         if dataset.dedup_key:
             checked, parsed = parsed, without_duplicates(parsed, silver_path, dataset).persist()
@@ -437,8 +512,11 @@ def reason_counts(parsed: DataFrame) -> dict[str, int]:
     return {row.label: row["count"] for row in counts}
 
 
-def rebuilt_rows(bronze: DataFrame, dataset: Dataset = EVENTS_DATASET) -> tuple[dict[str, DataFrame], DataFrame]:
-    """``dataset``'s silver and quarantine rows rebuilt from ``bronze`` (read at one version), and the cached parse.
+def rebuilt_rows(
+    bronze: DataFrame, dataset: Dataset = EVENTS_DATASET, schemas: WriterSchemas | None = None
+) -> tuple[dict[str, DataFrame], DataFrame]:
+    """``dataset``'s silver and quarantine rows rebuilt from ``bronze`` (read at one version), and the cached parse
+    (``schemas``: as ``stream_writer`` takes them).
 
     Parsed once for both tables: the caller unpersists the second element when both are written. A
     business key keeps the first record of each key in bronze's order, as the stream does.
@@ -447,7 +525,7 @@ def rebuilt_rows(bronze: DataFrame, dataset: Dataset = EVENTS_DATASET) -> tuple[
 
         rows, cached = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(BRONZE)))
     """
-    parsed = parse_events(first_per_kafka_record(bronze), dataset.contract)
+    parsed = parse_records(first_per_kafka_record(bronze), dataset, schemas)
     if dataset.dedup_key:
         parsed = without_duplicates(parsed, None, dataset)
     parsed = parsed.persist()

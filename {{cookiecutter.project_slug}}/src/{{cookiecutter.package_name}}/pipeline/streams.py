@@ -37,7 +37,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from . import bronze, fused, gold, silver
 from .config import Config, Mode, duration_seconds
 from .dataset import Dataset, Naming
-from .datasets import owner, running
+from .datasets import config_of, owner, running
 from .datasets.events import DATASET as EVENTS_DATASET
 from .delta.tables import (
     Lakehouse,
@@ -104,6 +104,9 @@ def start_stream(
     if layer not in layered and layer != fused_one.name and layer not in egresses:
         raise ValueError(f"layer must be one of {', '.join(stream_names(config, named))}, not {layer!r}")
     lakehouse = Lakehouse(config.lakehouse_root)
+    schemas = silver.schemas_for(config, dataset)  # ConfigError before anything starts, for a format it needs
+    if layer in (dataset.stream("silver"), fused_one.name):
+        silver.check_latest_writers(config_of(config, dataset), dataset)
     ensure_tables(spark, lakehouse, dataset, change_feed=published(config, dataset))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
@@ -126,7 +129,7 @@ def start_stream(
             prepared = dataclasses.replace(prepared, stream_id=None)
         starters: dict[Layer, Callable[[], DataStreamWriter]] = {
             Layer.BRONZE: lambda: bronze.stream_writer(spark, config, lakehouse, prepared, dataset),
-            Layer.SILVER: lambda: silver.stream_writer(spark, lakehouse, prepared, dataset),
+            Layer.SILVER: lambda: silver.stream_writer(spark, lakehouse, prepared, dataset, schemas),
             Layer.GOLD: lambda: gold.stream_writer(spark, config, lakehouse, prepared, dataset, stream.gold),
             Layer.FUSED: lambda: fused.stream_writer(spark, config, lakehouse, prepared, dataset),
         }
@@ -344,10 +347,13 @@ def reset(
     if bronze_reset and table_exists(spark, lakehouse.table(dataset.bronze)):
         identity.forget_cluster(spark, lakehouse, dataset)  # the reset accepts the cluster that answers now
     rebuilt = []
+    schemas = silver.schemas_for(config, dataset) if config is not None else None
     for stream in rebuild.rebuilt_by_reset(streams):
         if stream.layer is Layer.SILVER:
             rebuilt.append(
-                rebuild.rebuild(spark, lakehouse, stream, lambda bronze_rows: silver.rebuilt_rows(bronze_rows, dataset))
+                rebuild.rebuild(
+                    spark, lakehouse, stream, lambda bronze_rows: silver.rebuilt_rows(bronze_rows, dataset, schemas)
+                )
             )
             continue
         window = gold.window_of(stream.gold, gold_window)

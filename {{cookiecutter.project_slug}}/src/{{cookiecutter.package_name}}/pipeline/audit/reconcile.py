@@ -37,12 +37,20 @@ from ..datasets.events import EVENTS
 from ..dedup import mark_business_key_duplicates
 from ..delta.tables import KAFKA_KEY_COLUMNS, Lakehouse, check_schema, declared_gold, table_schemas
 from ..egress import GOLD_VERSION, configured, target
+from ..formats.registry import WriterSchemas
 from ..gold import distinct_values, window_aggregates, window_of
 from ..kafka import retention
 from ..kafka.clients import bootstrap_servers, compacted_topics, describe_sources, spark_security_options
 from ..kafka.identity import recorded_compacted
 from ..monitoring import QUARANTINE_ALERT_SHARE
-from ..silver import first_per_kafka_record, parse_events, quarantined_records, valid_events
+from ..silver import (
+    first_per_kafka_record,
+    parse_events,
+    parse_records,
+    quarantined_records,
+    schemas_for,
+    valid_events,
+)
 from .cut import Bound, Consumed, Cut, take_cut, touched_windows
 from .findings import Finding
 
@@ -173,7 +181,10 @@ def run_audit(
         report.warnings[Finding.KAFKA_OFFSETS_ACCEPTED_AS_LOST] = lost
     # A business key's first record may lie before a bounded range: silver's rows outside it were kept there.
     kept_before = None if bound.whole else _outside(tables[dataset.silver], silver)
-    report.errors.update(compare_content(kafka, bronze, silver, quarantine, dataset=dataset, kept_before=kept_before))
+    writers = schemas_for(config, dataset)
+    report.errors.update(
+        compare_content(kafka, bronze, silver, quarantine, dataset=dataset, kept_before=kept_before, writers=writers)
+    )
     # Each gold against silver as its stream had read it. A check the audit cannot make fails the verdict:
     # gold and the egresses read whole versions (WHOLE_VERSIONS), so a batch ending inside one is a
     # checkpoint written otherwise (without that setting, or by hand): the stream's next batch moves past it.
@@ -372,6 +383,7 @@ def compare_content(
     *,
     dataset: Dataset | None = None,
     kept_before: DataFrame | None = None,
+    writers: WriterSchemas | None = None,
 ) -> dict[str, int]:
     """Content, not only coordinates: bronze's key and value against Kafka's, silver and quarantine parsed again.
 
@@ -379,7 +391,8 @@ def compare_content(
     so the coordinate checks cannot see it. With ``dataset`` (its contract, instead of ``contract``) and
     its business key, bronze's records are judged again as silver judged them: the first of each key kept,
     the others quarantined naming it; ``kept_before`` holds silver's rows kept before these records (a
-    bounded audit's records outside its range).
+    bounded audit's records outside its range). A dataset not in JSON is read with its writer schemas from
+    ``writers`` (``silver.schemas_for``).
 
     Example::
 
@@ -394,7 +407,8 @@ def compare_content(
         return rows.select(*KAFKA_KEY_COLUMNS, F.xxhash64("key", "value").alias("digest"))
 
     in_kafka = digests(kafka).withColumnRenamed("digest", "kafka_digest")
-    reparsed = parse_events(first_per_kafka_record(bronze), contract)
+    first = first_per_kafka_record(bronze)
+    reparsed = parse_events(first, contract) if dataset is None else parse_records(first, dataset, writers)
     if dataset is not None and dataset.dedup_key:
         reparsed = judged_duplicates(reparsed, dataset, kept_before)
     return count_rows(

@@ -138,6 +138,51 @@ def resolve(contract: Contract, writer: WriterSchema) -> Resolution:
     return Resolution(writer, reader=json.dumps(reader))
 
 
+def contract_fields(writer: WriterSchema) -> list[str]:
+    """The contract fields that read ``writer`` (an Avro record schema), as Python lines to paste into a
+    dataset's module; a field no kind can read, as a comment saying why.
+
+    Example::
+
+        contract_fields(WriterSchemas(url).latest("orders-value"))
+        # ['Field("order_id", Kind.STRING),', 'Field("ordered_at", Kind.TIMESTAMP),', ...]
+    """
+    if not isinstance(writer, WriterSchema):
+        raise TypeError(f"writer must be a WriterSchema, not {type(writer).__name__}")
+    if writer.schema_type != AVRO:
+        raise ValueError(f"schema {writer.schema_id} is {writer.schema_type}, not Avro")
+    parsed = json.loads(writer.text)
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise ValueError(f"schema {writer.schema_id} is not an Avro record")
+    lines = []
+    for field in parsed["fields"]:
+        written = field["type"]
+        optional = isinstance(written, list) and "null" in written
+        kind, extra = _kind_of(_plain(written))
+        if kind is None:
+            lines.append(f"# {field['name']}: {extra}")
+            continue
+        options = extra + (", required=False" if optional else "")
+        lines.append(f'Field("{field["name"]}", Kind.{kind.name}{options}),')
+    return lines
+
+
+def _kind_of(avro_type: object) -> tuple[Kind | None, str]:
+    """The kind that reads ``avro_type``, with the Field options it needs; or None and why none does."""
+    logical = _logical(avro_type)
+    base = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
+    if logical in TIMESTAMP_TYPES:
+        return Kind.TIMESTAMP, ""
+    if logical == "decimal" and base == "bytes":
+        return Kind.DECIMAL, f", precision={avro_type['precision']}, scale={avro_type.get('scale', 0)}"
+    kinds = {kind_type: kind for kind, kind_type in PLAIN_TYPES.items()}
+    if isinstance(base, str) and base in kinds:
+        return kinds[base], ""
+    if base in ("float", "double"):
+        return None, f"{base} has no exact kind: write a decimal (bytes, logicalType decimal) to read it"
+    return None, f"{json.dumps(avro_type)} has no kind: nested records, arrays, maps and enums are not read"
+
+
 def parse_avro(bronze: DataFrame, contract: Contract, writers: Mapping[int, WriterSchema | None]) -> DataFrame:
     """Bronze rows plus one typed column per contract field and ``reason`` (null when the record is valid).
 

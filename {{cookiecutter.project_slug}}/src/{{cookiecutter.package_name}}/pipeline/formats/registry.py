@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
@@ -56,6 +57,43 @@ class WriterSchemas:
         self._cache_size = cache_size
         self._found: OrderedDict[int, WriterSchema] = OrderedDict()
 
+    def check(self) -> None:
+        """Ask the registry for its subjects: RegistryUnavailable, naming schema_registry.url, when it does not
+        answer. A command checks it before Spark starts.
+
+        Example::
+
+            WriterSchemas(url).check()
+        """
+        try:
+            self._client.get_subjects()
+        except SchemaRegistryError as error:
+            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
+        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
+            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+
+    def latest(self, subject: str) -> WriterSchema | None:
+        """The latest schema registered under ``subject``, None when the subject has none (never cached: a
+        producer may register another at any time).
+
+        Example::
+
+            WriterSchemas(url).latest("orders-value")  # WriterSchema(7, "AVRO", "{...}")
+        """
+        if not isinstance(subject, str) or not subject:
+            raise ValueError(f"subject must name a subject, not {subject!r}")
+        try:
+            # A client of its own: confluent-kafka's keeps a subject's latest version for the process's life.
+            found = SchemaRegistryClient({"url": self.url}).get_latest_version(subject)
+        except SchemaRegistryError as error:
+            if error.http_status_code == NOT_FOUND:
+                return None
+            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
+        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
+            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+        schema = found.schema
+        return WriterSchema(found.schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
+
     def lookup(self, schema_ids: Iterable[int]) -> dict[int, WriterSchema | None]:
         """Each id's writer schema, None for an id the registry does not hold.
 
@@ -94,3 +132,14 @@ class WriterSchemas:
             f"schema_registry.url: the registry at {shown} did not answer ({what}); the batch fails and is "
             "read again once it answers: no record is lost or quarantined for it"
         )
+
+
+@cache
+def writer_schemas(url: str) -> WriterSchemas:
+    """The process's one ``WriterSchemas`` of the registry at ``url``: its cache serves every stream.
+
+    Example::
+
+        writer_schemas(config.schema_registry.url).lookup([1])
+    """
+    return WriterSchemas(url)

@@ -2,8 +2,8 @@
 
 The reasons a record in this format goes to quarantine before any field is read, and the columns that
 take a value apart. A reason that names a schema id ends with ``, id <n>`` (and, for a writer schema
-the contract cannot read, ``: <why>``); its label (``label``) has ``<id>`` in place of the rest, so
-that metrics get a bounded set of labels.
+the contract cannot read, ``: <why>``); its label (``contract.quarantine_label``) has ``<id>`` in
+place of the rest, so that metrics get a bounded set of labels.
 
 Example::
 
@@ -15,16 +15,15 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from ..contract import SCHEMA_ID_FOLLOWS, SCHEMA_ID_PLACEHOLDER
+
 MAGIC_BYTE = 0
 HEADER_BYTES = 5
-# The column-level twin of the reasons below: where the id starts.
-ID_FOLLOWS = ", id "
-ID_PLACEHOLDER = "<id>"
 NOT_WIRE_FORMAT = "value is not in the Confluent wire format (magic byte 0, then a 4-byte schema id)"
-UNKNOWN_SCHEMA = "writer schema is not in the registry" + ID_FOLLOWS
-NOT_THE_FORMAT = "writer schema is not {format}" + ID_FOLLOWS
-UNRESOLVABLE = "writer schema cannot be read into the contract" + ID_FOLLOWS
-UNREADABLE = "value cannot be read with its writer schema" + ID_FOLLOWS
+UNKNOWN_SCHEMA = "writer schema is not in the registry" + SCHEMA_ID_FOLLOWS
+NOT_THE_FORMAT = "writer schema is not {format}" + SCHEMA_ID_FOLLOWS
+UNRESOLVABLE = "writer schema cannot be read into the contract" + SCHEMA_ID_FOLLOWS
+UNREADABLE = "value cannot be read with its writer schema" + SCHEMA_ID_FOLLOWS
 
 
 def header_ok(value: Column) -> Column:
@@ -70,32 +69,7 @@ def reasons(format_name: str) -> tuple[str, ...]:
     if not isinstance(format_name, str) or not format_name:
         raise TypeError(f"format_name must name a format, not {format_name!r}")
     with_id = (UNKNOWN_SCHEMA, NOT_THE_FORMAT.format(format=format_name), UNRESOLVABLE, UNREADABLE)
-    return (NOT_WIRE_FORMAT, *(reason + ID_PLACEHOLDER for reason in with_id))
-
-
-def label(reason: str) -> str:
-    """``reason`` with the schema id it names (and what follows) replaced by ``<id>``.
-
-    Example::
-
-        label("writer schema is not in the registry, id 42")  # "... registry, id <id>"
-    """
-    if not isinstance(reason, str):
-        raise TypeError(f"reason must be a str, not {type(reason).__name__}")
-    head, found, _ = reason.partition(ID_FOLLOWS)
-    return head + found + ID_PLACEHOLDER if found else reason
-
-
-def label_column(reason: Column) -> Column:
-    """``label`` of a column of reasons, in Spark.
-
-    Example::
-
-        quarantine.groupBy(label_column(F.col("reason"))).count()
-    """
-    _check_column(reason)
-    labelled = F.concat(F.substring_index(reason, ID_FOLLOWS, 1), F.lit(ID_FOLLOWS + ID_PLACEHOLDER))
-    return F.when(F.instr(reason, ID_FOLLOWS) > 0, labelled).otherwise(reason)
+    return (NOT_WIRE_FORMAT, *(reason + SCHEMA_ID_PLACEHOLDER for reason in with_id))
 
 
 def _check_column(column: object) -> None:
