@@ -87,6 +87,8 @@ TINY = dataclasses.replace(
     peer_increment=500,
     distinct_values_per_key=2,
     datasets_records=500,
+    format_records=500,
+    format_repeats=1,
     # One dataset and two: each stream start costs seconds, and four add nothing the smoke run checks.
     dataset_counts=(1, 2),
 )

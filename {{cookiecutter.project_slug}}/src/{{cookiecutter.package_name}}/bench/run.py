@@ -2,10 +2,11 @@
 
 Order matters: throughput drains the backlog into the exactly-once lakehouse that the
 exactly-once comparison reuses and that fixed overhead and latency then keep feeding.
-Silver, gold and distinct-count scaling, the fixed-overhead floors, storage (local disk against the
-private S3 server) and the datasets' cost (1, 2 and 4 datasets in one driver) build tables and topics
-of their own. The peer (this project against Spark Declarative Pipelines, on a topic of its own) runs
-last: its processes, each with JVMs of its own, and their caches weigh on no figure after it.
+Silver, gold and distinct-count scaling, the formats (JSON against Avro), the fixed-overhead floors,
+storage (local disk against the private S3 server) and the datasets' cost (1, 2 and 4 datasets in one
+driver) build tables and topics of their own. The peer (this project against Spark Declarative
+Pipelines, on a topic of its own) runs last: its processes, each with JVMs of its own, and their caches
+weigh on no figure after it.
 
 For development only, ``BENCH_ONLY`` (a comma-separated list of ``STANDALONE`` phases, e.g.
 ``BENCH_ONLY=distinct_scaling,datasets_cost``) runs the warm-up and those phases alone: a partial
@@ -32,6 +33,7 @@ from . import (
     egress,
     exactly_once,
     fixed_overhead,
+    formats,
     fused,
     gold_scaling,
     latency,
@@ -50,6 +52,7 @@ from .sizes import DEFAULT_SIZES, QUICK_SIZES, Sizes
 STANDALONE = {
     "gold_scaling": gold_scaling.measure,
     "distinct_scaling": distinct_scaling.measure,
+    "formats": formats.measure,
     "egress": egress.measure,
     "storage": storage.measure,
     "datasets_cost": datasets_cost.measure,
@@ -174,6 +177,7 @@ def run_phases(bench: Bench, work: Path) -> None:
     silver_scaling.measure(bench, topic)
     gold_scaling.measure(bench)
     distinct_scaling.measure(bench)
+    formats.measure(bench)
     egress.measure(bench)
     fixed_overhead.measure(bench, topic)
     storage.measure(bench)

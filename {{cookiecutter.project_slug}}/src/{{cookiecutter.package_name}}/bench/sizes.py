@@ -52,6 +52,10 @@ class Sizes:
     # one driver, in turn (fewest first, from 1, among DATASET_COUNTS).
     datasets_records: int = 50_000
     dataset_counts: tuple[int, ...] = DATASET_COUNTS
+    # Formats (bench/formats.py): records parsed from JSON, from Avro through the registry and with plain
+    # from_avro, each way this many times.
+    format_records: int = 500_000
+    format_repeats: int = 3
 
     def __post_init__(self) -> None:
         positive = (
@@ -78,6 +82,8 @@ class Sizes:
             "peer_increment",
             "distinct_values_per_key",
             "datasets_records",
+            "format_records",
+            "format_repeats",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -161,4 +167,6 @@ QUICK_SIZES = Sizes(
     peer_increment=2_000,
     distinct_values_per_key=4,
     datasets_records=5_000,
+    format_records=20_000,
+    format_repeats=2,
 )

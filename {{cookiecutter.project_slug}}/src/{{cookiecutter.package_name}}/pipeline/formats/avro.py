@@ -79,8 +79,10 @@ def reader_schema(contract: Contract, writer: dict | None = None) -> dict:
             fields.append({"name": field.name, "type": avro_type})
         else:
             fields.append({"name": field.name, "type": ["null", avro_type], "default": None})
-    named = {"name": writer["name"], **({"namespace": writer["namespace"]} if writer.get("namespace") else {})}
-    return {"type": "record", **(named if writer else {"name": "Contract"}), "fields": fields}
+    named = {"name": "Contract"}
+    if writer:
+        named = {"name": writer["name"], **({"namespace": writer["namespace"]} if writer.get("namespace") else {})}
+    return {"type": "record", **named, "fields": fields}
 
 
 def _avro_type(field: Field, writer_type: object) -> object:
