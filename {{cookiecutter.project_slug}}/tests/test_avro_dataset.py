@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, K
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse, with_downstream
 from {{ cookiecutter.package_name }}.pipeline.formats import Format, wire
+from {{ cookiecutter.package_name }}.pipeline.formats.registry import client_conf
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now, switch_mode
 
@@ -102,7 +103,7 @@ class Producing:
 
     def __init__(self, config, topic: str, registry_url: str):
         self.topic, self.config = topic, config
-        self.client = SchemaRegistryClient({"url": registry_url})
+        self.client = SchemaRegistryClient(client_conf(registry_url))
         self.client.set_compatibility(f"{topic}-value", "BACKWARD")
         self.producer = Producer(client_config(config, **{"enable.idempotence": True}))
         self.sales: list[dict] = []

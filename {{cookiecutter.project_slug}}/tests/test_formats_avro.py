@@ -28,7 +28,12 @@ from {{ cookiecutter.package_name }}.pipeline.contract import (
 )
 from {{ cookiecutter.package_name }}.pipeline.formats import wire
 from {{ cookiecutter.package_name }}.pipeline.formats.avro import parse_avro, quarantine_reasons, resolve, schema_ids
-from {{ cookiecutter.package_name }}.pipeline.formats.registry import RegistryUnavailable, WriterSchema, WriterSchemas
+from {{ cookiecutter.package_name }}.pipeline.formats.registry import (
+    RegistryUnavailable,
+    WriterSchema,
+    WriterSchemas,
+    client_conf,
+)
 
 pytestmark = pytest.mark.xdist_group("schema_registry")
 
@@ -103,7 +108,7 @@ def micros(instant: datetime) -> int:
 def test_three_writer_versions_resolve_into_the_contract_and_every_bad_record_gets_its_reason(
     spark, schema_registry
 ) -> None:
-    client = SchemaRegistryClient({"url": schema_registry})
+    client = SchemaRegistryClient(client_conf(schema_registry))
     topic = "avro-orders"
     client.set_compatibility(f"{topic}-value", "BACKWARD")
 
@@ -188,7 +193,7 @@ def test_three_writer_versions_resolve_into_the_contract_and_every_bad_record_ge
 
 
 def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_names_the_setting(schema_registry):
-    client = SchemaRegistryClient({"url": schema_registry})
+    client = SchemaRegistryClient(client_conf(schema_registry))
     schema_id = client.register_schema("cache-check-value", Schema(V1, "AVRO"))
 
     class Counting(SchemaRegistryClient):
@@ -198,7 +203,7 @@ def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_nam
             self.asked.append(schema_id)
             return super().get_schema(schema_id, *args, **kwargs)
 
-    counting = Counting({"url": schema_registry})
+    counting = Counting(client_conf(schema_registry))
     schemas = WriterSchemas(schema_registry, client=counting, cache_size=1)
     first = schemas.lookup([schema_id, schema_id])[schema_id]
     assert first == WriterSchema(schema_id, "AVRO", first.text) and json.loads(first.text)["name"] == "Order"
@@ -223,7 +228,7 @@ def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_nam
 
 
 def test_describe_schema_prints_fields_that_read_the_subjects_latest_schema(schema_registry, capsys) -> None:
-    client = SchemaRegistryClient({"url": schema_registry})
+    client = SchemaRegistryClient(client_conf(schema_registry))
     subject = f"described-{uuid.uuid4().hex[:6]}-value"
     with_odd_fields = json.loads(V2)
     with_odd_fields["fields"].append({"name": "weight", "type": "double"})

@@ -22,7 +22,22 @@ from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistry
 
 # Schemas kept per process: far more than the writer versions of a project's topics.
 CACHE_SIZE = 1000
+# Seconds a request to the registry may take: its client waits for ever by default, and a registry that
+# accepts a connection without answering would hang the batch instead of failing it.
+REQUEST_TIMEOUT_S = 30
 NOT_FOUND = 404
+
+
+def client_conf(url: str) -> dict:
+    """The configuration of confluent-kafka's SchemaRegistryClient for the registry at ``url``.
+
+    Example::
+
+        SchemaRegistryClient(client_conf("http://127.0.0.1:8081"))
+    """
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"url must be the registry's http(s):// URL, not {url!r}")
+    return {"url": url, "timeout": REQUEST_TIMEOUT_S}
 
 
 class RegistryUnavailable(RuntimeError):
@@ -53,7 +68,7 @@ class WriterSchemas:
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ValueError(f"cache_size must be a positive int, not {cache_size!r}")
         self.url = url
-        self._client = client or SchemaRegistryClient({"url": url})
+        self._client = client or SchemaRegistryClient(client_conf(url))
         self._cache_size = cache_size
         self._found: OrderedDict[int, WriterSchema] = OrderedDict()
 
@@ -84,7 +99,7 @@ class WriterSchemas:
             raise ValueError(f"subject must name a subject, not {subject!r}")
         try:
             # A client of its own: confluent-kafka's keeps a subject's latest version for the process's life.
-            found = SchemaRegistryClient({"url": self.url}).get_latest_version(subject)
+            found = SchemaRegistryClient(client_conf(self.url)).get_latest_version(subject)
         except SchemaRegistryError as error:
             if error.http_status_code == NOT_FOUND:
                 return None
