@@ -13,9 +13,10 @@ The client runs in the driver alone; nothing of it is shipped to the executors.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
@@ -26,6 +27,7 @@ CACHE_SIZE = 1000
 # accepts a connection without answering would hang the batch instead of failing it.
 REQUEST_TIMEOUT_S = 30
 NOT_FOUND = 404
+T = TypeVar("T")
 
 
 def client_conf(url: str) -> dict:
@@ -80,12 +82,7 @@ class WriterSchemas:
 
             WriterSchemas(url).check()
         """
-        try:
-            self._client.get_subjects()
-        except SchemaRegistryError as error:
-            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
-        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
-            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+        self._ask(self._client.get_subjects)
 
     def latest(self, subject: str) -> WriterSchema | None:
         """The latest schema registered under ``subject``, None when the subject has none (never cached: a
@@ -97,15 +94,10 @@ class WriterSchemas:
         """
         if not isinstance(subject, str) or not subject:
             raise ValueError(f"subject must name a subject, not {subject!r}")
-        try:
-            # A client of its own: confluent-kafka's keeps a subject's latest version for the process's life.
-            found = SchemaRegistryClient(client_conf(self.url)).get_latest_version(subject)
-        except SchemaRegistryError as error:
-            if error.http_status_code == NOT_FOUND:
-                return None
-            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
-        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
-            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+        # A client of its own: confluent-kafka's keeps a subject's latest version for the process's life.
+        found = self._ask(lambda: SchemaRegistryClient(client_conf(self.url)).get_latest_version(subject), True)
+        if found is None:
+            return None
         schema = found.schema
         return WriterSchema(found.schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
 
@@ -125,19 +117,26 @@ class WriterSchemas:
         if schema_id in self._found:
             self._found.move_to_end(schema_id)
             return self._found[schema_id]
-        try:
-            schema = self._client.get_schema(schema_id)
-        except SchemaRegistryError as error:
-            if error.http_status_code == NOT_FOUND:
-                return None
-            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
-        except Exception as error:  # noqa: BLE001 - the transport's errors (connection, timeout, TLS) differ by version
-            raise self._unavailable(f"{type(error).__name__}: {error}") from None
+        schema = self._ask(lambda: self._client.get_schema(schema_id), True)
+        if schema is None:
+            return None
         writer = WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
         self._found[schema_id] = writer
         if len(self._found) > self._cache_size:
             self._found.popitem(last=False)
         return writer
+
+    def _ask(self, request: Callable[[], T], missing_is_none: bool = False) -> T | None:
+        """``request``'s answer; with ``missing_is_none``, None for a 404. RegistryUnavailable for any other
+        error, of HTTP or of the transport (connection, timeout, TLS), whose classes differ by version."""
+        try:
+            return request()
+        except SchemaRegistryError as error:
+            if missing_is_none and error.http_status_code == NOT_FOUND:
+                return None
+            raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
+        except Exception as error:  # noqa: BLE001 - see above
+            raise self._unavailable(f"{type(error).__name__}: {error}") from None
 
     def _unavailable(self, what: str) -> RegistryUnavailable:
         parts = urlsplit(self.url)
