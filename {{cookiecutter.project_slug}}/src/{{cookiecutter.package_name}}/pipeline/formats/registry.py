@@ -142,6 +142,8 @@ class WriterSchemas:
         parts = urlsplit(self.url)
         # Never a user or password a URL may carry.
         shown = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+        # The client's own words may quote the URL it was given.
+        what = what.replace(self.url, shown).replace(parts.netloc, parts.netloc.rpartition("@")[2])
         return RegistryUnavailable(
             f"schema_registry.url: the registry at {shown} did not answer ({what}); the batch fails and is "
             "read again once it answers: no record is lost or quarantined for it"
