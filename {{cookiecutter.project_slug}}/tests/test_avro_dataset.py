@@ -23,11 +23,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from test_formats_avro import ORDERS
 
 from {{ cookiecutter.package_name }}.devtools.registry_local import LocalRegistry
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, Mode
-from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse, with_downstream
 from {{ cookiecutter.package_name }}.pipeline.formats import Format, wire
@@ -35,19 +35,8 @@ from {{ cookiecutter.package_name }}.pipeline.formats.registry import client_con
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now, switch_mode
 
-CONTRACT = Contract(
-    fields=(
-        Field("order_id", Kind.STRING),
-        Field("ordered_at", Kind.TIMESTAMP),
-        Field("shop", Kind.STRING),
-        Field("quantity", Kind.LONG),
-        Field("total", Kind.DECIMAL, precision=12, scale=2),
-        Field("coupon", Kind.STRING, required=False),
-    ),
-    event_time="ordered_at",
-    dimensions=("shop",),
-    measures=("quantity", "total"),
-)
+# The contract of test_formats_avro's records: the same orders, read here through every layer.
+CONTRACT = ORDERS
 BY_SHOP = Gold(
     "by_shop",
     (Aggregate(AggregateKind.COUNT), Aggregate(AggregateKind.SUM, "total"), Aggregate(AggregateKind.MAX, "quantity")),
