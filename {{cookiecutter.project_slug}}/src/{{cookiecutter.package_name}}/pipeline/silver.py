@@ -195,10 +195,15 @@ def parse_events(bronze: DataFrame, contract: Contract = EVENTS) -> DataFrame:
     return parsed.select(*bronze.columns, *contract.names, "reason")
 
 
-def parse_records(bronze: DataFrame, dataset: Dataset, schemas: WriterSchemas | None = None) -> DataFrame:
+def parse_records(
+    bronze: DataFrame, dataset: Dataset, schemas: WriterSchemas | None = None, ids_of: DataFrame | None = None
+) -> DataFrame:
     """Bronze rows plus one typed column per field of ``dataset``'s contract and `reason`, in its format:
     ``parse_events`` for JSON, ``formats.avro.parse_avro`` for Avro, whose writer schemas ``schemas``
     finds (``schemas_for``). RegistryUnavailable when the registry does not answer: the batch fails.
+    ``ids_of`` (default ``bronze``) is where the batch's schema ids are read: the batch as bronze gave it,
+    when ``bronze`` is its copies taken apart by ``first_per_kafka_record``, which would be computed
+    twice otherwise.
 
     Example::
 
@@ -210,7 +215,7 @@ def parse_records(bronze: DataFrame, dataset: Dataset, schemas: WriterSchemas | 
         return parse_events(bronze, dataset.contract)
     if not isinstance(schemas, WriterSchemas):
         raise ValueError(f"dataset {dataset.name} is in {dataset.format}: its writer schemas come from a registry")
-    return parse_avro(bronze, dataset.contract, schemas.lookup(schema_ids(bronze)))
+    return parse_avro(bronze, dataset.contract, schemas.lookup(schema_ids(bronze if ids_of is None else ids_of)))
 
 
 def schemas_for(config: Config, dataset: Dataset) -> WriterSchemas | None:
@@ -420,7 +425,7 @@ def stream_writer(
 
     def write_batch(bronze_batch: DataFrame, batch_id: int) -> None:
         evaluate_for_delta_batch(bronze_batch, SMALL_BRONZE_BATCH)
-        parsed = parse_records(first_per_kafka_record(bronze_batch), dataset, schemas).persist()
+        parsed = parse_records(first_per_kafka_record(bronze_batch), dataset, schemas, bronze_batch).persist()
         checked = None
         if dataset.dedup_key:
             checked, parsed = parsed, without_duplicates(parsed, silver_path, dataset).persist()
@@ -525,7 +530,7 @@ def rebuilt_rows(
 
         rows, cached = rebuilt_rows(spark.read.format("delta").load(lakehouse.table(BRONZE)))
     """
-    parsed = parse_records(first_per_kafka_record(bronze), dataset, schemas)
+    parsed = parse_records(first_per_kafka_record(bronze), dataset, schemas, bronze)
     if dataset.dedup_key:
         parsed = without_duplicates(parsed, None, dataset)
     parsed = parsed.persist()

@@ -408,7 +408,7 @@ def compare_content(
 
     in_kafka = digests(kafka).withColumnRenamed("digest", "kafka_digest")
     first = first_per_kafka_record(bronze)
-    reparsed = parse_events(first, contract) if dataset is None else parse_records(first, dataset, writers)
+    reparsed = parse_events(first, contract) if dataset is None else parse_records(first, dataset, writers, bronze)
     if dataset is not None and dataset.dedup_key:
         reparsed = judged_duplicates(reparsed, dataset, kept_before)
     return count_rows(
