@@ -140,6 +140,8 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         "silver_skewed_merge_scaling",
         "gold_merge_scaling",
         "distinct_merge_scaling",
+        "format_avro_vs_json",
+        "format_avro_vs_plain",
         "fused_vs_floor",
         "latency_fused_gold_p95_s",
         "latency_fast_gold_p95_s",
@@ -156,6 +158,12 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         assert goal["met"] in (True, False)
 
     details = written["details"]
+    # The formats phase parsed its records each way, through a registry of its own.
+    formats = details["formats"]
+    assert formats["records"] == TINY.format_records and formats["schema_id"] > 0
+    assert {way: len(runs) for way, runs in formats["seconds"].items()} == {
+        way: TINY.format_repeats for way in ("json", "avro", "plain_avro")
+    }
     recovery = details["recovery"]
     assert recovery["killed_run"]["killed"]
     assert recovery["table_rows"]["killed_and_restarted"] == recovery["table_rows"]["undisturbed"]
