@@ -1441,8 +1441,8 @@ class Nemesis:
 
     def _refusals_cleared(self, stream: str | None = None, downstream: bool = False, reset: bool = False) -> None:
         """A stream ran (or was ``reset``): the refusals predicted for it, and with ``downstream`` for the
-        streams below it, are behind it."""
-        names = self.streams if stream is None else self._downstream(stream) if downstream else (stream,)
+        layers a reset of it rebuilds (``reset_cascade``), are behind it."""
+        names = self.streams if stream is None else reset_cascade(self.layers, stream) if downstream else (stream,)
         self.predictions.cleared(names, reset=reset)
         if reset and downstream and stream == self.reader:
             self.silver_holds_lost = False
@@ -1643,6 +1643,20 @@ def way_out_of(output: str) -> str | None:
     """
     commands = WAY_OUT.findall(output)
     return commands[-1] if commands else None
+
+
+def reset_cascade(layers: tuple[str, ...], stream: str) -> tuple[str, ...]:
+    """The streams `checkpoints reset <stream>` (without ``--only``) starts anew: ``stream`` and the layers
+    above it. Never an egress below them: its checkpoint stays, and so does what it was bound to meet.
+
+    Example::
+
+        reset_cascade(("bronze", "silver", "gold"), "silver")  # ("silver", "gold")
+        reset_cascade(("bronze", "silver", "gold"), "kafka_egress")  # ("kafka_egress",)
+    """
+    if stream not in layers:
+        return (stream,)
+    return tuple(layers[layers.index(stream) :])
 
 
 def reset_by(command: list[str]) -> tuple[str, bool] | None:
