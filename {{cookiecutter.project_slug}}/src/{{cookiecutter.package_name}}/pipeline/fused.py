@@ -69,6 +69,7 @@ from .delta.tables import (
     tagged_version,
 )
 from .delta.writes import append_idempotent
+from .formats.registry import WriterSchemas
 from .gold import add_to_windows, distinct_values, touched_windows, values_paths, window_aggregates, window_of
 from .recovery import checkpoints
 from .recovery.crash_points import FUSED_POINTS, crash_points, reach
@@ -80,7 +81,6 @@ from .silver import (
     parse_records,
     quarantined_records,
     ranges_and_quarantine_share,
-    schemas_for,
     valid_events,
     without_duplicates,
 )
@@ -217,9 +217,11 @@ def stream_writer(
     lakehouse: Lakehouse,
     prepared: checkpoints.Prepared,
     dataset: Dataset = EVENTS_DATASET,
+    schemas: WriterSchemas | None = None,
 ) -> DataStreamWriter:
     """``dataset``'s fused stream, ready to start: each Kafka batch into its bronze, silver, quarantine and
-    every gold once (each exact distinct count's table of values too), under its contract and business key.
+    every gold once (each exact distinct count's table of values too), under its contract and business key
+    (``schemas``: where the writer schemas of a dataset not in JSON are, ``silver.schemas_for``).
 
     Example::
 
@@ -227,7 +229,6 @@ def stream_writer(
     """
     stream = fused_stream(dataset)
     contract, name = dataset.contract, stream.name
-    schemas = schemas_for(config, dataset)
     paths = {table: lakehouse.table(table) for table in stream.sinks}
     bronze_path, silver_path = paths[dataset.bronze], paths[dataset.silver]
     quarantine_path = paths[dataset.quarantine]

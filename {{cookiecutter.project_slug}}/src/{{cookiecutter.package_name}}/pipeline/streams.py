@@ -131,7 +131,7 @@ def start_stream(
             Layer.BRONZE: lambda: bronze.stream_writer(spark, config, lakehouse, prepared, dataset),
             Layer.SILVER: lambda: silver.stream_writer(spark, lakehouse, prepared, dataset, schemas),
             Layer.GOLD: lambda: gold.stream_writer(spark, config, lakehouse, prepared, dataset, stream.gold),
-            Layer.FUSED: lambda: fused.stream_writer(spark, config, lakehouse, prepared, dataset),
+            Layer.FUSED: lambda: fused.stream_writer(spark, config, lakehouse, prepared, dataset, schemas),
         }
         if layer in egresses:
             module = egresses[layer]
