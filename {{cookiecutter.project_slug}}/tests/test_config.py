@@ -551,3 +551,102 @@ def test_security_settings_come_from_the_environment_too(pems):
     assert config.kafka.security_protocol == "SSL"
     assert config.kafka.ssl_ca_location == str(pems.ca)
     assert config.kafka.ssl_key_location == str(pems.client_key)
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        (
+            {"SCHEMA_REGISTRY_URL": "https://lake:pa55word@registry.example.com"},
+            r"^schema_registry\.url: holds credentials \(user:password@\); set",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "https://registry.example.com", "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME": "lake"},
+            r"^schema_registry\.basic_auth_password_file: basic_auth_username is set; .*SCHEMA_REGISTRY_BASIC_AUTH_",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "https://registry.example.com", "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD": "pa55word"},
+            r"^schema_registry\.basic_auth_username: a password is set for HTTP basic auth but no user",
+        ),
+        (
+            {
+                "SCHEMA_REGISTRY_URL": "https://registry.example.com",
+                "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME": "lake",
+                "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD": "pa55word",
+                "SCHEMA_REGISTRY_BEARER_TOKEN": "t0ken",
+            },
+            r"^schema_registry\.bearer_token_file: set together with basic_auth_username",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "http://registry.example.com", "SCHEMA_REGISTRY_BEARER_TOKEN": "t0ken"},
+            r"^schema_registry\.bearer_token_file: credentials would travel unencrypted to http://registry",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "http://registry.example.com", "SCHEMA_REGISTRY_SSL_CA_LOCATION": "{ca}"},
+            r"^schema_registry\.ssl_ca_location: set for a plain http:// registry",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "https://registry.example.com", "SCHEMA_REGISTRY_SSL_CA_LOCATION": "{key}"},
+            r"^schema_registry\.ssl_ca_location: .* holds no PEM certificate",
+        ),
+        (
+            {"SCHEMA_REGISTRY_URL": "https://registry.example.com", "SCHEMA_REGISTRY_BEARER_TOKEN_FILE": "{missing}"},
+            r"^schema_registry\.bearer_token_file: .* does not exist",
+        ),
+    ],
+    ids=[
+        "url-with-userinfo",
+        "user-without-password",
+        "password-without-user",
+        "two-kinds",
+        "plain-http",
+        "ca-on-http",
+        "ca-not-a-certificate",
+        "token-file-missing",
+    ],
+)
+def test_a_bad_schema_registry_setting_fails_at_start_naming_it_never_echoing_a_secret(tmp_path, pems, environ, named):
+    paths = {"ca": str(pems.ca), "key": str(pems.client_key), "missing": str(tmp_path / "none")}
+    environ = {name: value.format(**paths) for name, value in environ.items()}
+
+    with pytest.raises(ConfigError, match=named) as refused:
+        load_config("local", environ=environ)
+
+    assert "pa55word" not in str(refused.value) and "t0ken" not in str(refused.value)
+
+
+def test_schema_registry_credentials_come_from_a_file_or_the_environment_and_are_never_shown(tmp_path, pems):
+    from {{ cookiecutter.package_name }}.pipeline.formats.registry import RegistryAccess, client_conf
+
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken-from-a-file\n")
+    url = "https://registry.example.com/apis/ccompat/v7"
+    by_file = load_config(
+        "local",
+        environ={
+            "SCHEMA_REGISTRY_URL": url,
+            "SCHEMA_REGISTRY_SSL_CA_LOCATION": str(pems.ca),
+            "SCHEMA_REGISTRY_BEARER_TOKEN_FILE": str(token_file),
+        },
+    )
+    access = RegistryAccess.of(by_file.schema_registry)
+    conf = client_conf(access)
+    assert conf["bearer.auth.token"] == "t0ken-from-a-file" and conf["ssl.ca.location"] == str(pems.ca)
+    by_variable = load_config(
+        "local",
+        environ={
+            "SCHEMA_REGISTRY_URL": url,
+            "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME": "lake",
+            "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD": "pa55word",
+        },
+    )
+    assert client_conf(RegistryAccess.of(by_variable.schema_registry))["basic.auth.user.info"] == "lake:pa55word"
+    for config in (by_file, by_variable):
+        shown = repr(config) + repr(RegistryAccess.of(config.schema_registry)) + str(config.model_dump())
+        assert "t0ken" not in shown and "pa55word" not in shown
+        assert pickle.loads(pickle.dumps(config)) == config
+    with pytest.raises(ConfigError, match=r"^schema_registry\.basic_auth_password: a secret never goes in a config"):
+        load_config(
+            config_file=config_file(tmp_path, PACKAGED_LOCAL + '\n[schema_registry]\nbasic_auth_password = "x"\n'),
+            environ={},
+        )

@@ -209,11 +209,18 @@ def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_nam
     assert first == WriterSchema(schema_id, "AVRO", first.text) and json.loads(first.text)["name"] == "Order"
     assert schemas.lookup([schema_id]) == {schema_id: first}
     assert counting.asked == [schema_id]
-    # An id the registry does not hold is asked again next time: it may be registered by then.
+    # An id the registry does not hold is remembered as missing for missing_ttl_s: a replay soon after
+    # does not ask for it again (records of random bytes name thousands); later it is asked again, and
+    # a schema registered by then is found.
     missing = schema_id + 100_000
+    assert schemas.lookup([missing, missing]) == {missing: None}
     assert schemas.lookup([missing]) == {missing: None}
-    assert schemas.lookup([missing]) == {missing: None}
-    assert counting.asked == [schema_id, missing, missing]
+    assert counting.asked == [schema_id, missing]
+    forgetful = WriterSchemas(schema_registry, client=counting, missing_ttl_s=0)
+    assert forgetful.lookup([missing]) == forgetful.lookup([missing]) == {missing: None}
+    assert counting.asked == [schema_id, missing, missing, missing]
+    with pytest.raises(ValueError, match="missing_ttl_s must be seconds >= 0"):
+        WriterSchemas(schema_registry, missing_ttl_s=-1)
 
     closed = "http://user:secret@127.0.0.1:1/apis/ccompat/v7"
     with pytest.raises(

@@ -13,12 +13,21 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pydantic import SecretStr
 
 from {{ cookiecutter.package_name }}.cli import local_servers
 from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
+from {{ cookiecutter.package_name }}.cli.schemas import describe_schema
+from {{ cookiecutter.package_name }}.devtools.kafka_secure import create_certificates
 from {{ cookiecutter.package_name }}.devtools.registry_local import CONFLUENT_API, LocalRegistry, running_url
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.pipeline.formats.registry import client_conf
+from {{ cookiecutter.package_name }}.pipeline.formats.registry import (
+    RegistryAccess,
+    RegistryRefused,
+    RegistryUnavailable,
+    WriterSchemas,
+    client_conf,
+)
 
 ORDER_V1 = {
     "type": "record",
@@ -50,7 +59,7 @@ def test_a_local_registry_serves_confluents_serdes_refuses_an_incompatible_schem
         assert local_servers.resolve_local_registry(config).schema_registry.url == url
         # A second start (another process's `registry-local start`) finds the running one.
         pid = registry.status()["pid"]
-        assert local_servers.registry_local(config, argparse.Namespace(action="start")) == ExitCode.OK
+        assert local_servers.registry_local(config, argparse.Namespace(action="start", secure=False)) == ExitCode.OK
         assert local_servers.registry_local(config, argparse.Namespace(action="status")) == ExitCode.OK
         shown = capsys.readouterr().out.splitlines()
         assert shown[-2] == url and json.loads(shown[-1])["pid"] == pid
@@ -95,3 +104,78 @@ def test_arguments_are_checked(tmp_path: Path) -> None:
         LocalRegistry(tmp_path).start(timeout=0)
     with pytest.raises(ConfigError, match=r"schema_registry\.url.*not an http\(s\):// URL"):
         load_config("local", environ={"SCHEMA_REGISTRY_URL": "registry.example.com:8081"})
+
+
+def test_a_secure_local_registry_answers_its_user_over_https_alone_and_each_refusal_names_its_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "registry"
+    config = load_config("local", environ={"REGISTRY_LOCAL_HOME": str(home), "SCHEMA_REGISTRY_URL": "local"})
+    registry = LocalRegistry(home)
+    assert local_servers.registry_local(config, argparse.Namespace(action="start", secure=True)) == ExitCode.OK
+    try:
+        status = registry.status()
+        password = Path(status["password_file"]).read_text()
+        url = status["url"]
+        assert url.startswith("https://127.0.0.1:") and url.endswith(CONFLUENT_API)
+        assert capsys.readouterr().out.splitlines() == [
+            url,
+            f"SCHEMA_REGISTRY_SSL_CA_LOCATION={status['ca']}",
+            "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME=pipeline",
+            f"SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE={status['password_file']}",
+        ]
+        # The password reached the registry through its owner-only file, not its command line or log.
+        assert password not in Path(f"/proc/{status['pid']}/cmdline").read_bytes().decode(errors="replace")
+        assert password not in registry.log_path.read_text(errors="replace")
+
+        # "local" brings the CA and the user; so do the variables a client outside the project sets.
+        resolved = local_servers.resolve_local_registry(config)
+        access_of_local = RegistryAccess.of(resolved.schema_registry)
+        by_variables = load_config(
+            "local",
+            environ={
+                "SCHEMA_REGISTRY_URL": url,
+                "SCHEMA_REGISTRY_SSL_CA_LOCATION": status["ca"],
+                "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME": "pipeline",
+                "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE": status["password_file"],
+            },
+        )
+        assert RegistryAccess.of(by_variables.schema_registry) == access_of_local
+        schema_id = SchemaRegistryClient(client_conf(access_of_local)).register_schema(
+            "orders-value", Schema(json.dumps(ORDER_V1), "AVRO")
+        )
+        found = WriterSchemas(access_of_local).lookup([schema_id])[schema_id]
+        assert json.loads(found.text) == ORDER_V1
+        assert password not in repr(access_of_local) and password not in repr(resolved)
+
+        ca = status["ca"]
+        refusals = [
+            (RegistryAccess(url, ca_location=ca), r"basic_auth_username and basic_auth_password_file, or bearer_token"),
+            (
+                RegistryAccess(url, ca_location=ca, username="pipeline", password=SecretStr(f"not-{password}")),
+                r"basic_auth_username \(pipeline\) and basic_auth_password_file",
+            ),
+            (RegistryAccess(url, ca_location=ca, bearer_token=SecretStr("t0ken")), r"bearer_token_file"),
+        ]
+        answer = r"the registry at https://127\.0\.0\.1:\d+/apis/ccompat/v7 refused the credentials \(HTTP 401\)"
+        for access, setting in refusals:
+            with pytest.raises(RegistryRefused, match=rf"^schema_registry\.{setting}.*: {answer}"):
+                WriterSchemas(access).lookup([schema_id])
+        # A certificate the named CA did not sign (and none named: the system's CAs do not know it either).
+        other = create_certificates(tmp_path / "other-ca")
+        for untrusted, trusted in ((str(other.ca), f"the CA in {other.ca}"), (None, "the system's CAs")):
+            access = RegistryAccess(url, ca_location=untrusted, username="pipeline", password=SecretStr(password))
+            with pytest.raises(RegistryRefused, match=rf"^schema_registry\.ssl_ca_location: .* signed by {trusted}"):
+                WriterSchemas(access).check()
+        # https alone: nothing answers plain http at the registry's port.
+        with pytest.raises(RegistryUnavailable, match=r"^schema_registry\.url: the registry at http://127"):
+            WriterSchemas(url.replace("https://", "http://")).check()
+        # A command turns a refusal into a ConfigError naming the setting (exit 2).
+        wrong_password = resolved.schema_registry.model_copy(update={"basic_auth_password": SecretStr("x")})
+        wrong = config.model_copy(update={"schema_registry": wrong_password})
+        with pytest.raises(ConfigError, match=r"^schema_registry\.basic_auth_username \(pipeline\) and basic_auth_"):
+            describe_schema(wrong, argparse.Namespace(subject="orders-value"))
+        with pytest.raises(RuntimeError, match=r"runs with --secure; `registry-local stop` it first"):
+            registry.start()
+    finally:
+        registry.stop()

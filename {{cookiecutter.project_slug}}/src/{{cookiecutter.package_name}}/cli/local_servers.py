@@ -17,7 +17,9 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..pipeline.config import LOCAL_BOOTSTRAP, LOCAL_ENDPOINT, LOCAL_REGISTRY, Config, ConfigError
+from pydantic import SecretStr
+
+from ..pipeline.config import LOCAL_BOOTSTRAP, LOCAL_ENDPOINT, LOCAL_REGISTRY, Config, ConfigError, read_secret
 from .exit_codes import ExitCode
 
 # The PostgreSQL development server's part of the command line: a bake without the PostgreSQL egress
@@ -96,15 +98,26 @@ def resolve_local_registry(config: Config) -> Config:
     """
     if config.schema_registry.url != LOCAL_REGISTRY:
         return config
-    from ..devtools.registry_local import running_url
+    from ..devtools.registry_local import LocalRegistry
 
-    url = running_url(config.registry_local_home)
-    if url is None:
+    status = LocalRegistry(config.registry_local_home).status()
+    if status is None:
         raise ConfigError(
             f"schema_registry.url: is 'local' but no local schema registry runs in {config.registry_local_home}; "
             "start one with `registry-local start` or set SCHEMA_REGISTRY_URL"
         )
-    return config.model_copy(update={"schema_registry": config.schema_registry.model_copy(update={"url": url})})
+    update: dict = {"url": status["url"]}
+    if "ca" in status:
+        # A secure one (`registry-local start --secure`): its CA and its one user, the password read from its file.
+        update.update(
+            ssl_ca_location=status["ca"],
+            basic_auth_username=status["user"],
+            basic_auth_password_file=status["password_file"],
+            basic_auth_password=SecretStr(read_secret(status["password_file"], "basic_auth_password_file")),
+            bearer_token=None,
+            bearer_token_file=None,
+        )
+    return config.model_copy(update={"schema_registry": config.schema_registry.model_copy(update=update)})
 
 
 def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
@@ -179,6 +192,11 @@ def register(commands) -> None:
     local.set_defaults(handler=kafka_local)
     registry = commands.add_parser("registry-local", help="a schema registry (Apicurio) for development")
     registry.add_argument("action", choices=["start", "stop", "status"])
+    registry.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: https only, on a private CA made on first start, and HTTP basic auth demanded",
+    )
     registry.set_defaults(handler=registry_local)
     postgres = _postgres_local()
     if postgres is not None:
@@ -210,10 +228,18 @@ def registry_local(config: Config, args: argparse.Namespace) -> int:
     registry = LocalRegistry(config.registry_local_home)
     if args.action == "start":
         try:
-            print(registry.start())
+            print(registry.start(secure=args.secure))
         except RuntimeError as error:
             print(f"registry-local: {error}", file=sys.stderr)
             return ExitCode.FAILED
+        status = registry.status()
+        if status and "ca" in status:
+            # What a client outside this project needs; with url "local" the project finds it by itself.
+            print(
+                f"SCHEMA_REGISTRY_SSL_CA_LOCATION={status['ca']}\n"
+                f"SCHEMA_REGISTRY_BASIC_AUTH_USERNAME={status['user']}\n"
+                f"SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE={status['password_file']}"
+            )
         return ExitCode.OK
     return stop_or_status(registry, args.action)
 

@@ -21,7 +21,7 @@ def register(commands) -> None:
 
 def describe_schema(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.formats.avro import contract_fields
-    from ..pipeline.formats.registry import RegistryUnavailable, WriterSchemas
+    from ..pipeline.formats.registry import RegistryAccess, RegistryUnavailable, WriterSchemas
 
     config = resolve_local_registry(config)
     url = config.schema_registry.url
@@ -30,7 +30,7 @@ def describe_schema(config: Config, args: argparse.Namespace) -> int:
             "schema_registry.url: not set: name the registry to read the subject from (SCHEMA_REGISTRY_URL)"
         )
     try:
-        latest = WriterSchemas(url).latest(args.subject)
+        latest = WriterSchemas(RegistryAccess.of(config.schema_registry)).latest(args.subject)
     except RegistryUnavailable as error:
         raise ConfigError(str(error)) from None
     if latest is None:

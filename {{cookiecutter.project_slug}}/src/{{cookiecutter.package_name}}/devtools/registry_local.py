@@ -7,18 +7,27 @@ Java 21+ found on the machine. Its schemas live in an H2 file under the home dir
 restart as they do in a production registry. Clients use its Confluent-compatible API, whose URL
 ``start`` returns (``/apis/ccompat/v7``).
 
-    <console script> registry-local start    # prints the URL
-    <console script> registry-local status   # exit code 1 when not running
+    <console script> registry-local start            # prints the URL
+    <console script> registry-local start --secure   # https with a private CA, HTTP basic auth demanded
+    <console script> registry-local status           # exit code 1 when not running
     <console script> registry-local stop
+
+A secure registry serves https only, with a certificate signed by a CA made for its home (``secure/ca.pem``),
+and answers its API only to the user ``pipeline`` with the password in ``secure/registry.password``; the
+keystore's and that password reach the registry through an owner-only ``config/application.properties``
+in its home, never its command line.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import os
 import re
+import secrets
 import shutil
+import ssl
 import subprocess
 import tarfile
 import time
@@ -26,6 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from . import kafka_secure
 from .kafka_local import pick_ports
 from .server_state import StateFile, check_timeout, cmdline_has, log_tail_since, terminate
 
@@ -43,6 +53,8 @@ CONFLUENT_API = "/apis/ccompat/v7"
 # (its defaults keep twenty open).
 _JVM_OPTS = ["-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
 _POOL = {"initial-size": "2", "min-size": "2", "max-size": "10"}
+# The one user a secure registry answers.
+SECURE_USER = "pipeline"
 
 
 def fetch_registry(cache_dir: Path | None = None, repository: str = MAVEN_CENTRAL) -> Path:
@@ -154,6 +166,8 @@ class LocalRegistry:
         self.log_path = self.home / "registry.log"
         self.state_path = self.home / "state.json"
         self._state_file = StateFile(self.state_path)
+        self.secure = kafka_secure.secure_files(self.home / "secure")
+        self.password_file = self.secure.directory / "registry.password"
 
     @property
     def url(self) -> str | None:
@@ -167,7 +181,8 @@ class LocalRegistry:
         return status["url"] if status else None
 
     def status(self) -> dict | None:
-        """pid, port, url and home of the running registry; None when it is not running.
+        """pid, port, url and home of the running registry, and for a secure one its CA, user and password
+        file; None when it is not running.
 
         Example::
 
@@ -178,30 +193,50 @@ class LocalRegistry:
         pid = state.get("pid")
         if not pid or not self._is_our_registry(pid):
             return None
-        return {"pid": pid, "port": state["port"], "url": state["url"], "home": str(self.home)}
+        found = {"pid": pid, "port": state["port"], "url": state["url"], "home": str(self.home)}
+        if state.get("secure"):
+            found.update(ca=str(self.secure.ca), user=SECURE_USER, password_file=str(self.password_file))
+        return found
 
-    def start(self, timeout: float = 120.0) -> str:
+    def start(self, timeout: float = 120.0, secure: bool = False) -> str:
         """Start (or find running) the registry; return the URL of its Confluent-compatible API.
+
+        ``secure``: https only and HTTP basic auth demanded (see the module's docstring); a registry already
+        running the other way is refused, not restarted.
 
         Example::
 
             url = LocalRegistry(Path(".registry-local")).start()
         """
         check_timeout(timeout)
+        if not isinstance(secure, bool):
+            raise TypeError(f"secure must be a bool, not {type(secure).__name__}")
         deadline = time.monotonic() + timeout
         running = self.status()
         if running:
+            if ("ca" in running) != secure:
+                raise RuntimeError(
+                    f"the registry in {self.home} runs {'with' if 'ca' in running else 'without'} --secure; "
+                    "`registry-local stop` it first"
+                )
             self._wait_answering(running["url"], None, deadline, 0)
             return running["url"]
         app = fetch_registry()
         java = registry_java()
         state = self._state_file.read()
-        port, management_port = pick_ports([state.get("port"), state.get("management_port")])
-        url = f"http://127.0.0.1:{port}{CONFLUENT_API}"
+        port, management_port, plain_port = pick_ports(
+            [state.get("port"), state.get("management_port"), state.get("plain_port")]
+        )
+        url = f"{'https' if secure else 'http'}://127.0.0.1:{port}{CONFLUENT_API}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if secure:
+            self._write_secure_settings(port)
+        else:
+            self._remove_secure_settings()
         settings = {
             "quarkus.http.host": "127.0.0.1",
-            "quarkus.http.port": port,
+            # A secure registry listens on https at ``port``; its plain port stays closed (application.properties).
+            "quarkus.http.port": plain_port if secure else port,
             "quarkus.management.host": "127.0.0.1",
             "quarkus.management.port": management_port,
             "apicurio.datasource.url": f"jdbc:h2:file:{self.data_dir / 'registry'}",
@@ -224,7 +259,9 @@ class LocalRegistry:
                 cwd=self.home,
                 start_new_session=True,
             )
-        self._state_file.write(pid=process.pid, port=port, management_port=management_port, url=url)
+        self._state_file.write(
+            pid=process.pid, port=port, management_port=management_port, plain_port=plain_port, url=url, secure=secure
+        )
         try:
             self._wait_answering(url, process, deadline, log_offset)
         except Exception:
@@ -249,10 +286,40 @@ class LocalRegistry:
             self._state_file.write(**state)
         return was_running
 
+    def _write_secure_settings(self, port: int) -> None:
+        files = kafka_secure.create_certificates(self.secure.directory)
+        if not self.password_file.exists():
+            kafka_secure.write_owner_only(self.password_file, secrets.token_urlsafe(24).encode())
+        settings = {
+            "quarkus.http.ssl-port": port,
+            "quarkus.http.insecure-requests": "disabled",
+            "quarkus.http.ssl.certificate.key-store-file": files.broker_keystore,
+            "quarkus.http.ssl.certificate.key-store-file-type": "PKCS12",
+            "quarkus.http.ssl.certificate.key-store-password": files.broker_keystore_password_file.read_text(),
+            "quarkus.http.auth.basic": "true",
+            "quarkus.security.users.embedded.enabled": "true",
+            "quarkus.security.users.embedded.plain-text": "true",
+            f"quarkus.security.users.embedded.users.{SECURE_USER}": self.password_file.read_text(),
+            "quarkus.http.auth.permission.api.paths": "/apis/*",
+            "quarkus.http.auth.permission.api.policy": "authenticated",
+        }
+        properties = self.home / "config" / "application.properties"
+        properties.parent.mkdir(parents=True, exist_ok=True)
+        kafka_secure.write_owner_only(properties, "".join(f"{k}={v}\n" for k, v in settings.items()).encode())
+
+    def _remove_secure_settings(self) -> None:
+        (self.home / "config" / "application.properties").unlink(missing_ok=True)
+
     def _wait_answering(self, url: str, process: subprocess.Popen | None, deadline: float, log_offset: int) -> None:
+        request = urllib.request.Request(f"{url}/subjects")
+        context = None
+        if url.startswith("https://"):
+            context = ssl.create_default_context(cafile=str(self.secure.ca))
+            token = base64.b64encode(f"{SECURE_USER}:{self.password_file.read_text()}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
         while True:
             try:
-                with urllib.request.urlopen(f"{url}/subjects", timeout=5) as response:
+                with urllib.request.urlopen(request, timeout=5, context=context) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):

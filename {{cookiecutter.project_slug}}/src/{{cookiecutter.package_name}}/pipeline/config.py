@@ -7,10 +7,11 @@ key (``KAFKA_BOOTSTRAP_SERVERS`` overrides ``kafka.bootstrap_servers``; a list i
 key is checked at start-up; a bad value stops the program with a ``ConfigError`` that names the key (and
 the variable, when one set it), before Spark or Kafka are touched.
 
-Secrets (the SASL password, a client key's password) come from the environment or from files the
-config names, never from the config itself (a secret written there is refused); they are ``SecretStr``
-and never printed. ``[egress_<name>]`` tables are kept as written on ``Config.egress_sections``: each
-egress parses its own with its own ``Section`` through ``load_section`` (``pipeline.egress.configure``).
+Secrets (the SASL password, a client key's password, the schema registry's password or token) come
+from the environment or from files the config names, never from the config itself (a secret written
+there is refused); they are ``SecretStr`` and never printed. ``[egress_<name>]`` tables are kept as
+written on ``Config.egress_sections``: each egress parses its own with its own ``Section`` through
+``load_section`` (``pipeline.egress.configure``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -515,13 +517,24 @@ class SchemaRegistrySection(Section):
     """``[schema_registry]``: the registry of the writer schemas of the Avro and Protobuf datasets (optional).
 
     Any registry with Confluent's REST API: Confluent Schema Registry, Apicurio's ``/apis/ccompat/v7``,
-    Redpanda, Karapace.
+    Redpanda, Karapace. Credentials are a user and password (HTTP basic) or a bearer token, each secret
+    from its variable or from the file its ``_file`` key names; never from the URL or the config itself.
     """
 
     model_config = SettingsConfigDict(env_prefix="SCHEMA_REGISTRY_")
 
     # Empty: no registry (every dataset is JSON). "local": the registry of `registry-local start`.
     url: str = ""
+    # The PEM file of the CA that signed an https:// registry's certificate (default: the system's CAs).
+    ssl_ca_location: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    # Validated when absent too: read from the file named by basic_auth_password_file (see Section.secret).
+    basic_auth_password: SecretStr | None = Field(None, validate_default=True)
+    bearer_token_file: str | None = None
+    bearer_token: SecretStr | None = Field(None, validate_default=True)
+    # Confluent Cloud's `target-sr-cluster` header (the registry's logical cluster, lsrc-...); others ignore it.
+    bearer_logical_cluster: str = ""
 
     @field_validator("url")
     @classmethod
@@ -529,7 +542,47 @@ class SchemaRegistrySection(Section):
         value = value.strip()
         if value and value != LOCAL_REGISTRY and not re.fullmatch(r"https?://[^\s]+", value):
             raise ValueError(f"{value!r} is not an http(s):// URL, 'local' or empty (no registry)")
+        if "@" in value.partition("://")[2].partition("/")[0]:
+            # Never echo it: the part before @ is a secret.
+            raise ValueError(
+                "holds credentials (user:password@); set schema_registry.basic_auth_username and "
+                "basic_auth_password_file (or SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD) instead"
+            )
         return value.rstrip("/")
+
+    @field_validator("ssl_ca_location")
+    @classmethod
+    def _ca(cls, location: str | None, info: ValidationInfo) -> str | None:
+        return None if location is None else _pem_file(location, info.field_name, "CERTIFICATE")
+
+    @field_validator("basic_auth_password", "bearer_token")
+    @classmethod
+    def _secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        return cls.secret(value, info)
+
+    @model_validator(mode="after")
+    def _credentials_fit(self) -> SchemaRegistrySection:
+        user, password, token = self.basic_auth_username, self.basic_auth_password, self.bearer_token
+        if password is not None and not user:
+            raise Invalid("basic_auth_username", "a password is set for HTTP basic auth but no user")
+        if user and password is None:
+            variable = self.variables("basic_auth_password")[0]
+            raise Invalid(
+                "basic_auth_password_file",
+                f"basic_auth_username is set; name a file holding its password (or set {variable})",
+            )
+        if user and token is not None:
+            raise Invalid("bearer_token_file", "set together with basic_auth_username: use one of them")
+        plain = self.url.startswith("http://")
+        if plain and self.ssl_ca_location is not None:
+            raise Invalid("ssl_ca_location", f"set for a plain http:// registry ({self.url})")
+        if plain and (user or token is not None) and not _loopback(self.url):
+            # As Kafka's SASL_PLAINTEXT is refused: a password sent unencrypted over a network.
+            raise Invalid(
+                "basic_auth_username" if user else "bearer_token_file",
+                f"credentials would travel unencrypted to {self.url}: use its https:// URL",
+            )
+        return self
 
 
 class RegistryLocalSection(Section):
@@ -891,6 +944,10 @@ def _pem_der(pem: str) -> bytes:
         return base64.b64decode("".join(body.group(1).split())) if body else b""
     except ValueError:
         return b""
+
+
+def _loopback(url: str) -> bool:
+    return urlsplit(url).hostname in {"127.0.0.1", "localhost", "::1"}
 
 
 def _pem_file(location: str, key: str, kind: str) -> str:

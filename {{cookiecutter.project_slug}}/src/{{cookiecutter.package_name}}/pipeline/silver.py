@@ -47,7 +47,7 @@ from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, Lakehouse,
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
 from .formats import Format
 from .formats.avro import parse_avro, resolve, schema_ids
-from .formats.registry import RegistryUnavailable, WriterSchemas, writer_schemas
+from .formats.registry import RegistryAccess, RegistryUnavailable, WriterSchemas, writer_schemas
 from .instants import to_micros
 from .monitoring import report_quarantine
 from .recovery import checkpoints
@@ -234,7 +234,7 @@ def schemas_for(config: Config, dataset: Dataset) -> WriterSchemas | None:
             f"schema_registry.url: dataset {dataset.name} is in {dataset.format}, which names its writer schemas "
             "in a registry: set its URL (SCHEMA_REGISTRY_URL; `local` for the registry of `registry-local start`)"
         )
-    return writer_schemas(url)
+    return writer_schemas(RegistryAccess.of(config.schema_registry))
 
 
 def check_latest_writers(config: Config, dataset: Dataset) -> None:

@@ -2,48 +2,121 @@
 
 confluent-kafka's own ``SchemaRegistryClient`` speaks to the registry; this module asks it for the
 ids a batch names and keeps each schema it found, once per process, in a bounded cache (a schema
-never changes under its id). An id the registry does not hold is not kept: a schema registered after
-the records that name it is found when they are read again (a reset of silver). A registry that does
-not answer fails the batch with ``RegistryUnavailable``, naming ``schema_registry.url``: that is not a
-record's fault, and the batch replays once it answers.
+never changes under its id). An id the registry does not hold is remembered as missing for a few minutes
+only: records of random bytes that happen to look like the wire format name a new id each, and a batch
+read again soon (a failed batch's replay) asks the registry once for them, not twice; a schema
+registered after the records that name it is found when they are read again later (a reset of silver).
+A registry that does not answer fails the batch with ``RegistryUnavailable``, naming
+``schema_registry.url``: that is not a record's fault, and the batch replays once it answers.
 
-The client runs in the driver alone; nothing of it is shipped to the executors.
+The client runs in the driver alone; nothing of it (its credentials least of all) is shipped to the
+executors. ``RegistryAccess`` is where to reach the registry and how to prove who is asking: a CA for
+https, a user and password or a bearer token, the secrets held as ``SecretStr`` (never printed).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from pydantic import SecretStr
 
 # Schemas kept per process: far more than the writer versions of a project's topics.
 CACHE_SIZE = 1000
+# Ids found missing, kept this long (seconds) and at most this many (a few MB).
+MISSING_TTL_S = 300.0
+MISSING_CACHE_SIZE = 100_000
 # Seconds a request to the registry may take: its client waits for ever by default, and a registry that
 # accepts a connection without answering would hang the batch instead of failing it.
 REQUEST_TIMEOUT_S = 30
 NOT_FOUND = 404
+# The answers of a registry that will not take these credentials (or none): a setting to fix, not an outage.
+REFUSED = {401: "refused the credentials", 403: "refused access with these credentials"}
 T = TypeVar("T")
 
 
-def client_conf(url: str) -> dict:
-    """The configuration of confluent-kafka's SchemaRegistryClient for the registry at ``url``.
+@dataclass(frozen=True)
+class RegistryAccess:
+    """How to reach a registry: its URL, the CA of its https certificate, and one kind of credentials.
+
+    Example::
+
+        RegistryAccess("https://registry:8081", ca_location="/etc/ca.pem", username="lake", password=SecretStr("..."))
+        RegistryAccess.of(config.schema_registry)  # from [schema_registry]
+    """
+
+    url: str
+    ca_location: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    bearer_token: SecretStr | None = None
+    bearer_logical_cluster: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be the registry's http(s):// URL, not {self.url!r}")
+        for name in ("password", "bearer_token"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, SecretStr):
+                raise TypeError(f"{name} must be a SecretStr, not {type(value).__name__}")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password come together")
+        if self.username is not None and self.bearer_token is not None:
+            raise ValueError("one kind of credentials: a user and password, or a bearer token")
+
+    @classmethod
+    def of(cls, section: Any) -> RegistryAccess:
+        """The access ``[schema_registry]`` (a ``config.SchemaRegistrySection``, its url resolved) describes."""
+        return cls(
+            section.url,
+            ca_location=section.ssl_ca_location,
+            username=section.basic_auth_username,
+            password=section.basic_auth_password,
+            bearer_token=section.bearer_token,
+            bearer_logical_cluster=section.bearer_logical_cluster,
+        )
+
+    def __repr__(self) -> str:
+        # The URL never carries credentials (the config refuses them there); SecretStr prints stars.
+        kind = "basic auth" if self.username else "bearer token" if self.bearer_token else "no credentials"
+        return f"RegistryAccess({self.url!r}, {kind})"
+
+
+def client_conf(access: RegistryAccess | str) -> dict:
+    """The configuration of confluent-kafka's SchemaRegistryClient for a registry (its access, or a URL).
 
     Example::
 
         SchemaRegistryClient(client_conf("http://127.0.0.1:8081"))
     """
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"url must be the registry's http(s):// URL, not {url!r}")
-    return {"url": url, "timeout": REQUEST_TIMEOUT_S}
+    if isinstance(access, str):
+        access = RegistryAccess(access)
+    if not isinstance(access, RegistryAccess):
+        raise TypeError(f"access must be a RegistryAccess or a URL, not {type(access).__name__}")
+    conf: dict[str, Any] = {"url": access.url, "timeout": REQUEST_TIMEOUT_S}
+    if access.ca_location is not None:
+        conf["ssl.ca.location"] = access.ca_location
+    if access.username is not None:
+        conf["basic.auth.user.info"] = f"{access.username}:{access.password.get_secret_value()}"
+    if access.bearer_token is not None:
+        conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+        conf["bearer.auth.token"] = access.bearer_token.get_secret_value()
+        conf["bearer.auth.logical.cluster"] = access.bearer_logical_cluster
+    return conf
 
 
 class RegistryUnavailable(RuntimeError):
     """The registry did not answer (or answered with a server error): the batch fails, and replays."""
+
+
+class RegistryRefused(RegistryUnavailable):
+    """The registry answered 401 or 403: the credentials (or their absence) are what to fix."""
 
 
 @dataclass(frozen=True)
@@ -60,23 +133,38 @@ class WriterSchemas:
 
     Example::
 
-        schemas = WriterSchemas("http://127.0.0.1:8081")
+        schemas = WriterSchemas("http://127.0.0.1:8081")  # or WriterSchemas(RegistryAccess.of(config.schema_registry))
         schemas.lookup([1, 2])  # {1: WriterSchema(1, "AVRO", "{...}"), 2: None}  (2: not in the registry)
     """
 
-    def __init__(self, url: str, client: SchemaRegistryClient | None = None, cache_size: int = CACHE_SIZE) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be the registry's http(s):// URL, not {url!r}")
+    def __init__(
+        self,
+        access: RegistryAccess | str,
+        client: SchemaRegistryClient | None = None,
+        cache_size: int = CACHE_SIZE,
+        missing_ttl_s: float = MISSING_TTL_S,
+    ) -> None:
+        if isinstance(access, str):
+            access = RegistryAccess(access)
+        if not isinstance(access, RegistryAccess):
+            raise TypeError(f"access must be a RegistryAccess or a URL, not {type(access).__name__}")
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ValueError(f"cache_size must be a positive int, not {cache_size!r}")
-        self.url = url
-        self._client = client or SchemaRegistryClient(client_conf(url))
+        if isinstance(missing_ttl_s, bool) or not isinstance(missing_ttl_s, int | float) or missing_ttl_s < 0:
+            raise ValueError(f"missing_ttl_s must be seconds >= 0, not {missing_ttl_s!r}")
+        self.access = access
+        self.url = access.url
+        self._client = client or SchemaRegistryClient(client_conf(access))
         self._cache_size = cache_size
         self._found: OrderedDict[int, WriterSchema] = OrderedDict()
+        self._missing_ttl_s = float(missing_ttl_s)
+        # Id -> when the registry said it does not hold it (time.monotonic()), oldest first.
+        self._missing: OrderedDict[int, float] = OrderedDict()
 
     def check(self) -> None:
         """Ask the registry for its subjects: RegistryUnavailable, naming schema_registry.url, when it does not
-        answer. A command checks it before Spark starts.
+        answer; RegistryRefused, naming the credentials' setting, when it refuses them. A command checks it
+        before Spark starts.
 
         Example::
 
@@ -95,7 +183,7 @@ class WriterSchemas:
         if not isinstance(subject, str) or not subject:
             raise ValueError(f"subject must name a subject, not {subject!r}")
         # A client of its own: confluent-kafka's keeps a subject's latest version for the process's life.
-        found = self._ask(lambda: SchemaRegistryClient(client_conf(self.url)).get_latest_version(subject), True)
+        found = self._ask(lambda: SchemaRegistryClient(client_conf(self.access)).get_latest_version(subject), True)
         if found is None:
             return None
         schema = found.schema
@@ -117,8 +205,17 @@ class WriterSchemas:
         if schema_id in self._found:
             self._found.move_to_end(schema_id)
             return self._found[schema_id]
+        now = time.monotonic()
+        while self._missing and next(iter(self._missing.values())) <= now - self._missing_ttl_s:
+            self._missing.popitem(last=False)
+        if schema_id in self._missing:
+            return None
         schema = self._ask(lambda: self._client.get_schema(schema_id), True)
         if schema is None:
+            if self._missing_ttl_s > 0:
+                self._missing[schema_id] = now
+                if len(self._missing) > MISSING_CACHE_SIZE:
+                    self._missing.popitem(last=False)
             return None
         writer = WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
         self._found[schema_id] = writer
@@ -134,16 +231,48 @@ class WriterSchemas:
         except SchemaRegistryError as error:
             if missing_is_none and error.http_status_code == NOT_FOUND:
                 return None
+            if error.http_status_code in REFUSED:
+                raise self._refused(error.http_status_code) from None
             raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None
         except Exception as error:  # noqa: BLE001 - see above
+            if "CERTIFICATE_VERIFY_FAILED" in str(error):
+                raise self._untrusted(str(error)) from None
             raise self._unavailable(f"{type(error).__name__}: {error}") from None
+
+    def _refused(self, status: int) -> RegistryRefused:
+        access = self.access
+        if access.username is not None:
+            setting = f"schema_registry.basic_auth_username ({access.username}) and basic_auth_password_file"
+        elif access.bearer_token is not None:
+            setting = "schema_registry.bearer_token_file"
+        else:
+            setting = "schema_registry.basic_auth_username and basic_auth_password_file, or bearer_token_file"
+        return RegistryRefused(
+            f"{setting}: the registry at {self._shown()} {REFUSED[status]} (HTTP {status}); set or correct them "
+            "and start again: no record is lost or quarantined for it"
+        )
+
+    def _untrusted(self, what: str) -> RegistryRefused:
+        ca = self.access.ca_location
+        trusted = f"the CA in {ca}" if ca else "the system's CAs (none is named)"
+        return RegistryRefused(
+            f"schema_registry.ssl_ca_location: the certificate of the registry at {self._shown()} is not signed by "
+            f"{trusted} ({what.strip()[:300]}); name the PEM file of the CA that signed it"
+        )
+
+    def _shown(self) -> str:
+        parts = urlsplit(self.url)
+        # Never a user or password a URL may carry.
+        return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
     def _unavailable(self, what: str) -> RegistryUnavailable:
         parts = urlsplit(self.url)
-        # Never a user or password a URL may carry.
-        shown = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
-        # The client's own words may quote the URL it was given.
+        shown = self._shown()
+        # The client's own words may quote the URL it was given; never a secret of the access.
         what = what.replace(self.url, shown).replace(parts.netloc, parts.netloc.rpartition("@")[2])
+        for secret in (self.access.password, self.access.bearer_token):
+            if secret is not None and secret.get_secret_value():
+                what = what.replace(secret.get_secret_value(), "**********")
         return RegistryUnavailable(
             f"schema_registry.url: the registry at {shown} did not answer ({what}); the batch fails and is "
             "read again once it answers: no record is lost or quarantined for it"
@@ -151,11 +280,11 @@ class WriterSchemas:
 
 
 @cache
-def writer_schemas(url: str) -> WriterSchemas:
-    """The process's one ``WriterSchemas`` of the registry at ``url``: its cache serves every stream.
+def writer_schemas(access: RegistryAccess) -> WriterSchemas:
+    """The process's one ``WriterSchemas`` of a registry: its cache serves every stream.
 
     Example::
 
-        writer_schemas(config.schema_registry.url).lookup([1])
+        writer_schemas(RegistryAccess.of(config.schema_registry)).lookup([1])
     """
-    return WriterSchemas(url)
+    return WriterSchemas(access)
