@@ -28,6 +28,9 @@ from typing import NamedTuple
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from delta.tables import DeltaTable
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -43,6 +46,8 @@ from {{ cookiecutter.package_name }}.pipeline.egress.kafka import (
     KafkaEgress,
     KafkaEgressSettings,
     ProducerLost,
+    audit_errors,
+    read_back,
     settings,
 )
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config, describe_topic
@@ -92,8 +97,9 @@ def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float =
             time.sleep(0.5)
 
 
-def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict[str, str]]:
-    """Every record of ``topic`` as ``isolation`` sees it, and the topic folded by key (tombstones delete)."""
+def fold(bootstrap: str, topic: str, isolation: str, decode=bytes.decode) -> tuple[list[Record], dict[str, str]]:
+    """Every record of ``topic`` as ``isolation`` sees it, and the topic folded by key (tombstones delete);
+    ``decode`` reads a value's bytes (default: as text)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -133,7 +139,7 @@ def fold(bootstrap: str, topic: str, isolation: str) -> tuple[list[Record], dict
             records.append(
                 Record(
                     None if key is None else key.decode(),
-                    None if value is None else value.decode(),
+                    None if value is None else decode(value),
                     message.partition(),
                     message.offset(),
                     headers["lakehouse-stream-id"].decode() if "lakehouse-stream-id" in headers else None,
@@ -389,6 +395,54 @@ def test_topic_folds_to_gold_and_a_rerun_publishes_only_the_changed_rows(spark, 
             assert versions_after[key] == versions_before[key], key
     # The rerun published each changed row once and nothing else.
     assert len(second) - len(first) == len(changed)
+
+
+def test_an_avro_changelog_reads_as_gold_with_confluents_deserializer_and_a_refusing_subject_stops_the_start(
+    spark, config, kafka_bootstrap, schema_registry
+):
+    out = output_topic(kafka_bootstrap)
+    registry = config.schema_registry.model_copy(update={"url": schema_registry})
+    egress = KafkaEgressSettings(topic=out, value_format="avro")
+    config = config.model_copy(update={"egress": {EGRESS: egress}, "schema_registry": registry})
+    produce_sample(config, 300, seed=21)
+
+    run(spark, config, *LAYERS, EGRESS)
+
+    # Read as any consumer of the topic reads it: confluent-kafka's AvroDeserializer, through the registry.
+    client = SchemaRegistryClient({"url": schema_registry})
+    deserializer = AvroDeserializer(client)
+    context = SerializationContext(out, MessageField.VALUE)
+    records, state = fold(kafka_bootstrap, out, "read_committed", lambda raw: (raw, deserializer(raw, context)))
+    registered = client.get_latest_version(f"{out}-value").schema_id
+    assert records and {int.from_bytes(raw[1:5], "big") for raw, _ in (r.value for r in records)} == {registered}
+    rows = {}
+    for key_json, (_, value) in state.items():
+        key = gold_key(key_json)
+        assert (value["window_start"], value["window_end"], value["event_type"]) == key, value
+        rows[key] = (value["event_count"], value["amount_sum"])
+    assert rows == gold_rows(spark, gold_path(config))
+    assert all(isinstance(value["amount_sum"], Decimal) for _, value in state.values())
+    # The pipeline's own reading of the topic (show, the audit) agrees, and finds no version published twice.
+    columns = ("unix_micros(window_start) AS ws", "unix_micros(window_end) AS we", "event_type", "event_count")
+    read = read_back(spark, config).selectExpr(*columns, "amount_sum").collect()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    at = {(epoch + timedelta(microseconds=r.ws), epoch + timedelta(microseconds=r.we), r.event_type) for r in read}
+    assert at == set(rows) and sorted((r.event_count, r.amount_sum) for r in read) == sorted(rows.values())
+    assert audit_errors(spark, config) == {"kafka_egress_records_repeating_a_gold_version": 0}
+
+    # A subject whose compatibility rule refuses the gold's published columns: the start stops, naming it.
+    refusing = output_topic(kafka_bootstrap)
+    subject = f"{refusing}-value"
+    other = {"type": "record", "name": "gold_event_windows", "fields": [{"name": "window_start", "type": "string"}]}
+    client.register_schema(subject, Schema(json.dumps(other), "AVRO"))
+    client.set_compatibility(subject, "FULL")
+    refused = config.model_copy(update={"egress": {EGRESS: KafkaEgressSettings(topic=refusing, value_format="avro")}})
+    with pytest.raises(ConfigError, match=rf"^egress_kafka\.value_format: avro: subject {subject} \(FULL compat"):
+        start_stream(spark, refused, EGRESS, available_now=True)
+    # No registry named: refused at the same place, naming the setting to set.
+    unnamed = refused.model_copy(update={"schema_registry": config.schema_registry.model_copy(update={"url": ""})})
+    with pytest.raises(ConfigError, match=r"^egress_kafka\.value_format: avro names its schemas in a registry"):
+        start_stream(spark, unnamed, EGRESS, available_now=True)
 
 
 def test_gold_rebuilt_by_a_reset_is_republished_whole_without_a_tombstone_for_a_kept_row(

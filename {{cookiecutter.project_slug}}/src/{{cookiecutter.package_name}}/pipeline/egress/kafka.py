@@ -29,7 +29,9 @@ The two-phase commit of the classic design, with Kafka as the transactional sink
   is unknown (a timeout) is resolved by reading the marker, never by guessing.
 
 The topic is a changelog: key = the gold row's key (window and dimensions) as JSON;
-value = the row's figures and the gold version that produced them as JSON, or a
+value = the row's figures and the gold version that produced them, as JSON or (``value_format =
+"avro"``) as Avro in the Confluent wire format, its schema registered under ``<topic>-value`` in the
+registry of ``schema_registry.url`` when the stream starts (``formats/avro_rows.py``), or a
 tombstone (null) when gold deleted the row; header ``STREAM_ID_HEADER`` = the stream id
 that published it, so a consumer tells a new changelog (a reset or a lost checkpoint
 publishes gold's current rows again under a new id) from a repeat. Folding by key, as a
@@ -42,17 +44,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..config import Config, ConfigError, Section, TopicName
 from ..dataset import Gold
 from ..delta.tables import Lakehouse
+from ..formats import Format, avro_rows, wire
+from ..formats.registry import RegistryAccess, RegistryUnavailable, SchemaRefused, WriterSchemas, writer_schemas
 from ..kafka.clients import client_config, describe_topic
 from ..monitoring import EgressOutcome, report_egress_batch
 from ..recovery.checkpoints import CheckpointError, last_committed_batch, last_planned_batch
@@ -79,6 +85,8 @@ REPEATED_VERSIONS = f"{STREAM}_records_repeating_a_gold_version"
 FINDINGS = (REPEATED_VERSIONS,)
 # Every record's header naming the stream id that published it (bytes of the id's text).
 STREAM_ID_HEADER = "lakehouse-stream-id"
+# The namespace of the Avro record schemas of published rows.
+NAMESPACE = __package__.partition(".")[0]
 # The broker's default transaction.max.timeout.ms is 15 minutes.
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
 # The marker lives on one partition of the output topic: the offset the stream's
@@ -143,6 +151,16 @@ class KafkaEgressSettings(Section):
     # A consumer rebuilds gold by folding the topic from its start: only compaction keeps every key's
     # newest value for as long as the topic lives. Off only for a topic no consumer folds from its start.
     require_compacted_topic: bool = True
+    # How values are written: JSON objects, or Avro through the registry of schema_registry.url.
+    value_format: Literal["json", "avro"] = Format.JSON.value
+
+
+@dataclass(frozen=True)
+class ValueSchema:
+    """The Avro schema a stream writes its values with, and its id in the registry."""
+
+    schema_id: int
+    text: str
 
 
 Settings = KafkaEgressSettings
@@ -162,23 +180,67 @@ def marker_group(stream_id: str) -> str:
     return f"lakehouse-egress-{stream_id}"
 
 
-def changelog_records(latest: DataFrame, gold: Gold | None = None) -> DataFrame:
-    """(key, value) JSON strings of each changed row of ``gold`` (default: the first dataset's first); value
-    null for a deleted row. A sketch an approximate distinct count merges is not published: its estimate is.
+def changelog_records(latest: DataFrame, gold: Gold | None = None, avro: ValueSchema | None = None) -> DataFrame:
+    """(key, value) of each changed row of ``gold`` (default: the first dataset's first): the key as JSON, the
+    value as JSON or, with ``avro``, its bytes in the wire format; value null for a deleted row. A sketch an
+    approximate distinct count merges is not published: its estimate is.
 
     Example::
 
         changelog_records(latest_per_window(batch)).show(truncate=False)
     """
     gold = first_gold(gold)
+    if avro is not None and not isinstance(avro, ValueSchema):
+        raise TypeError(f"avro must be a ValueSchema, not {type(avro).__name__}")
     missing = {GOLD_VERSION, DELETED, *gold.key} - set(latest.columns)
     if missing:
         raise ValueError(f"latest must come from latest_per_window; missing {sorted(missing)}")
-    state = [*gold.key, *gold.values, GOLD_VERSION]
-    return latest.select(
-        F.to_json(F.struct(*gold.key)).alias("key"),
-        F.when(~F.col(DELETED), F.to_json(F.struct(*state))).alias("value"),
-    )
+    state = F.struct(*gold.key, *gold.values, GOLD_VERSION)
+    value = F.to_json(state) if avro is None else avro_rows.encode(state, avro.schema_id, avro.text)
+    return latest.select(F.to_json(F.struct(*gold.key)).alias("key"), F.when(~F.col(DELETED), value).alias("value"))
+
+
+def value_schema_text(target: Target) -> str:
+    """The Avro schema of ``target``'s published rows (its gold's key, figures and gold_version), named after
+    its gold table: what the stream registers under ``<topic>-value``.
+
+    Example::
+
+        value_schema_text(target)  # '{"type": "record", "name": "gold_orders_by_shop", ...}'
+    """
+    return avro_rows.record_schema(published_schema(target), target.gold_table, NAMESPACE)
+
+
+def register_value_schema(config: Config, target: Target) -> ValueSchema:
+    """Register ``target``'s value schema under ``<topic>-value`` (or find it there): its id. ConfigError,
+    naming ``egress_kafka.value_format`` and the subject, when the subject's compatibility refuses it or no
+    registry is set; naming the registry's setting when it does not answer.
+
+    Example::
+
+        register_value_schema(config, target).schema_id  # 12
+    """
+    text = value_schema_text(target)
+    subject = f"{target.destination}-value"
+    try:
+        return ValueSchema(_registry(config).register(subject, text), text)
+    except SchemaRefused as error:
+        raise ConfigError(
+            f"{SECTION}.value_format: avro: {error}. The published columns of {target.gold_table} changed in a "
+            f"way its consumers' schema rule refuses: publish to a new topic (`{topic_setting(target)[0]}`, then "
+            f"`checkpoints reset {target.stream}`), or change the subject's compatibility if its consumers allow"
+        ) from None
+    except RegistryUnavailable as error:
+        raise ConfigError(str(error)) from None
+
+
+def _registry(config: Config) -> WriterSchemas:
+    if not config.schema_registry.url:
+        raise ConfigError(
+            f"{SECTION}.value_format: avro names its schemas in a registry: set schema_registry.url "
+            "(SCHEMA_REGISTRY_URL; `local` for the registry of `registry-local start`)"
+        )
+    return writer_schemas(RegistryAccess.of(config.schema_registry))
 
 
 class KafkaEgress:
@@ -217,6 +279,8 @@ class KafkaEgress:
         self.target = target or first_target(STREAM, settings.topic)
         self.stream, self.topic = self.target.stream, self.target.destination
         self.commit_timeout_s = commit_timeout_s
+        # Registered before anything is published: a refused schema stops the stream at its start.
+        self.avro = register_value_schema(config, self.target) if settings.value_format == Format.AVRO else None
         self.marker = TopicPartition(self.topic, MARKER_PARTITION)
         self.delivery_errors: list[str] = []
         self.connection_lost = False
@@ -342,7 +406,7 @@ class KafkaEgress:
             raise CheckpointError(self.marker_refusal(committed, f"batch {batch_id} needs {_marker_text(needed)}"))
         topic_id, partitions = self.check_topic(marker)
         gold = self.target.gold
-        records = changelog_records(latest_per_window(changes, gold), gold)
+        records = changelog_records(latest_per_window(changes, gold), gold, self.avro)
         if batch_id == 0:
             # A new stream id starts a new changelog from gold's current rows: rows an older
             # stream published that gold no longer has get a tombstone, so folding ends at gold.
@@ -428,10 +492,10 @@ class KafkaEgress:
         except KafkaException:
             pass  # fenced by a newer process of this stream: nothing of ours is left to deliver
 
-    def _produce(self, key: str, value: str | None) -> None:
+    def _produce(self, key: str, value: str | bytes | None) -> None:
         while True:
             try:
-                encoded = None if value is None else value.encode()
+                encoded = value.encode() if isinstance(value, str) else value
                 self.producer.produce(
                     self.topic, key=key.encode(), value=encoded, headers=[(STREAM_ID_HEADER, self.stream_id)]
                 )
@@ -489,8 +553,9 @@ class KafkaEgress:
                 time.sleep(0.2)
 
     def _stale_keys(self, spark: SparkSession, records: DataFrame) -> DataFrame:
-        live = _folded(committed_changelog(spark, self.config, self.topic))
-        return live.join(records, "key", "left_anti").select("key", F.lit(None).cast("string").alias("value"))
+        live = _folded(committed_changelog(spark, self.config, self.target, decoded=False))
+        deleted = F.lit(None).cast(records.schema["value"].dataType).alias("value")
+        return live.join(records, "key", "left_anti").select("key", deleted)
 
 
 def _batch_of(marker: TopicPartition) -> int | None:
@@ -502,10 +567,13 @@ def _marker_text(batch: int | None) -> str:
     return "no marker" if batch is None else f"the marker at batch {batch}"
 
 
-def committed_changelog(spark: SparkSession, config: Config, topic: str | None = None) -> DataFrame:
-    """Every committed record of an output topic (default: the first gold's, ``topic``), as a read_committed
-    consumer sees it: key, value, gold_version, and the stream id that published it (``stream_id``, null for a
-    record without the header).
+def committed_changelog(
+    spark: SparkSession, config: Config, target: Target | None = None, decoded: bool = True
+) -> DataFrame:
+    """Every committed record of ``target``'s topic (default: the first gold's), as a read_committed consumer
+    sees it: key, value (JSON text, or the wire format's bytes for Avro), gold_version, and the stream id
+    that published it (``stream_id``, null for a record without the header). ``decoded=False`` leaves
+    gold_version out, and an Avro topic's values unread.
 
     Example::
 
@@ -513,10 +581,12 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
     """
     from ..kafka.clients import bootstrap_servers, spark_security_options
 
-    return (
+    target = target or first_target(STREAM, settings(config).topic)
+    avro = settings(config).value_format == Format.AVRO
+    records = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers(config))
-        .option("subscribe", topic or settings(config).topic)
+        .option("subscribe", target.destination)
         .option("kafka.isolation.level", "read_committed")
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
@@ -525,8 +595,7 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
         .load()
         .select(
             F.col("key").cast("string").alias("key"),
-            F.col("value").cast("string").alias("value"),
-            F.get_json_object(F.col("value").cast("string"), f"$.{GOLD_VERSION}").cast("long").alias(GOLD_VERSION),
+            F.col("value") if avro else F.col("value").cast("string").alias("value"),
             F.filter("headers", lambda header: header["key"] == STREAM_ID_HEADER)[0]["value"]
             .cast("string")
             .alias("stream_id"),
@@ -534,6 +603,35 @@ def committed_changelog(spark: SparkSession, config: Config, topic: str | None =
             "offset",
         )
     )
+    if not decoded:
+        return records
+    version = published_row(config, target, records)[GOLD_VERSION].cast("long").alias(GOLD_VERSION)
+    return records.select("key", "value", version, "stream_id", "partition", "offset")
+
+
+def published_row(config: Config, target: Target, records: DataFrame) -> Column:
+    """The published row of each of ``records`` (from ``committed_changelog``) as a struct of
+    ``published_schema``: JSON parsed, or Avro read with the writer schema each value names (one job
+    collects the ids first).
+
+    Example::
+
+        folded.select(published_row(config, target, folded).alias("row")).select("row.*")
+    """
+    if settings(config).value_format != Format.AVRO:
+        return F.from_json("value", published_schema(target))
+    ids = records.select(wire.schema_id(F.col("value")).alias("id")).where("id IS NOT NULL").distinct().collect()
+    found = _registry(config).lookup(sorted(row.id for row in ids))
+    if not found:
+        return F.lit(None).cast(published_schema(target))
+    missing = sorted(schema_id for schema_id, writer in found.items() if writer is None)
+    if missing:
+        raise EgressError(
+            f"{target.stream}: topic {target.destination} holds values of schema ids {missing}, which the registry "
+            "of schema_registry.url does not hold: something other than this egress wrote to it"
+        )
+    writers = {number: writer.text for number, writer in found.items()}
+    return avro_rows.decode(F.col("value"), writers, value_schema_text(target))
 
 
 def read_back(spark: SparkSession, config: Config, target: Target | None = None) -> DataFrame:
@@ -545,9 +643,8 @@ def read_back(spark: SparkSession, config: Config, target: Target | None = None)
         read_back(spark, config).orderBy("window_start").show()
     """
     target = target or first_target(STREAM, settings(config).topic)
-    schema = published_schema(target)
-    folded = _folded(committed_changelog(spark, config, target.destination))
-    return folded.select(F.from_json("value", schema).alias("row")).select("row.*")
+    folded = _folded(committed_changelog(spark, config, target, decoded=False))
+    return folded.select(published_row(config, target, folded).alias("row")).select("row.*")
 
 
 def _folded(changelog: DataFrame) -> DataFrame:
@@ -569,7 +666,7 @@ def audit_errors(spark: SparkSession, config: Config, target: Target | None = No
         audit_errors(spark, config)  # {"kafka_egress_records_repeating_a_gold_version": 0}
     """
     target = target or first_target(STREAM, settings(config).topic)
-    changelog = committed_changelog(spark, config, target.destination).where(F.col("value").isNotNull())
+    changelog = committed_changelog(spark, config, target).where(F.col("value").isNotNull())
     repeated = changelog.groupBy("stream_id", "key", GOLD_VERSION).count()
     return {repeated_versions(target.stream): repeated.where("count > 1").count()}
 
@@ -588,6 +685,11 @@ def check_connection(config: Config) -> None:
         check_connection(config)  # before Spark starts: a topic that deletes by time stops the run with exit 2
     """
     egress = settings(config)
+    if egress.value_format == Format.AVRO:
+        try:
+            _registry(config).check()
+        except RegistryUnavailable as error:
+            raise ConfigError(str(error)) from None
     admin = AdminClient(client_config(config))
     listed = admin.list_topics(timeout=30).topics
     for target in _targets(config):

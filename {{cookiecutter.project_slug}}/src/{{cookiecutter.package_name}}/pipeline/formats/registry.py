@@ -24,7 +24,7 @@ from functools import cache
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from pydantic import SecretStr
 
 # Schemas kept per process: far more than the writer versions of a project's topics.
@@ -36,6 +36,8 @@ MISSING_CACHE_SIZE = 100_000
 # accepts a connection without answering would hang the batch instead of failing it.
 REQUEST_TIMEOUT_S = 30
 NOT_FOUND = 404
+# A schema the subject's compatibility rule refuses (409), or one the registry finds invalid (422).
+REFUSALS = frozenset({409, 422})
 # The answers of a registry that will not take these credentials (or none): a setting to fix, not an outage.
 REFUSED = {401: "refused the credentials", 403: "refused access with these credentials"}
 T = TypeVar("T")
@@ -119,6 +121,10 @@ class RegistryRefused(RegistryUnavailable):
     """The registry answered 401 or 403: the credentials (or their absence) are what to fix."""
 
 
+class SchemaRefused(ValueError):
+    """The registry refused to register a schema under a subject: its compatibility rule, or an invalid schema."""
+
+
 @dataclass(frozen=True)
 class WriterSchema:
     """A schema as the registry holds it: its id, type (``AVRO``, ``PROTOBUF``, ``JSON``) and text."""
@@ -189,6 +195,36 @@ class WriterSchemas:
         schema = found.schema
         return WriterSchema(found.schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
 
+    def register(self, subject: str, text: str, schema_type: str = "AVRO") -> int:
+        """The id of schema ``text`` under ``subject``: registered now, or found there already (the registry
+        answers with the existing id). SchemaRefused, naming the subject and the registry's words, when the
+        subject's compatibility rule refuses it.
+
+        Example::
+
+            WriterSchemas(access).register("orders-by-shop-changes-value", record_schema(schema, "by_shop"))  # 12
+        """
+        if not isinstance(subject, str) or not subject:
+            raise ValueError(f"subject must name a subject, not {subject!r}")
+        if not isinstance(text, str) or not text:
+            raise ValueError("text must be the schema to register")
+        try:
+            return self._ask(lambda: self._client.register_schema(subject, Schema(text, schema_type)), keep=REFUSALS)
+        except SchemaRegistryError as error:
+            compatibility = self._ask(lambda: self._compatibility(subject))
+            raise SchemaRefused(
+                f"subject {subject} ({compatibility} compatibility) refuses the schema "
+                f"(HTTP {error.http_status_code}: {error.error_message})"
+            ) from None
+
+    def _compatibility(self, subject: str) -> str:
+        try:
+            return self._client.get_compatibility(subject)
+        except SchemaRegistryError as error:
+            if error.http_status_code != NOT_FOUND:
+                raise
+            return f"{self._client.get_compatibility()}, the registry's default"
+
     def lookup(self, schema_ids: Iterable[int]) -> dict[int, WriterSchema | None]:
         """Each id's writer schema, None for an id the registry does not hold.
 
@@ -223,14 +259,20 @@ class WriterSchemas:
             self._found.popitem(last=False)
         return writer
 
-    def _ask(self, request: Callable[[], T], missing_is_none: bool = False) -> T | None:
-        """``request``'s answer; with ``missing_is_none``, None for a 404. RegistryUnavailable for any other
-        error, of HTTP or of the transport (connection, timeout, TLS), whose classes differ by version."""
+    def _ask(
+        self, request: Callable[[], T], missing_is_none: bool = False, keep: frozenset[int] = frozenset()
+    ) -> T | None:
+        """``request``'s answer; with ``missing_is_none``, None for a 404; the SchemaRegistryError itself for a
+        status in ``keep``. RegistryRefused for a 401 or 403 (or a certificate not trusted), and
+        RegistryUnavailable for any other error, of HTTP or of the transport (connection, timeout, TLS),
+        whose classes differ by version."""
         try:
             return request()
         except SchemaRegistryError as error:
             if missing_is_none and error.http_status_code == NOT_FOUND:
                 return None
+            if error.http_status_code in keep:
+                raise
             if error.http_status_code in REFUSED:
                 raise self._refused(error.http_status_code) from None
             raise self._unavailable(f"HTTP {error.http_status_code}: {error.error_message}") from None

@@ -59,6 +59,19 @@ def body(value: Column) -> Column:
     return F.substring(value, HEADER_BYTES + 1, 2**31 - 1)
 
 
+def framed(schema_id: int, body: Column) -> Column:
+    """``body`` behind the header naming ``schema_id``: a value in the wire format, as a serializer writes it.
+
+    Example::
+
+        framed(7, to_avro(F.struct(*columns), schema_text))
+    """
+    _check_column(body)
+    if isinstance(schema_id, bool) or not isinstance(schema_id, int) or not 0 <= schema_id < 2**32:
+        raise ValueError(f"a schema id is an int of 4 bytes, not {schema_id!r}")
+    return F.concat(F.lit(bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big")), body)
+
+
 def reasons(format_name: str) -> tuple[str, ...]:
     """The labels of the reasons a record of ``format_name`` goes to quarantine with before its fields.
 
