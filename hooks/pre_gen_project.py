@@ -39,7 +39,7 @@ DEPENDENCY_MODULES = frozenset(
         # confluent-kafka's schema-registry client and its Avro and Protobuf serdes (dev extra), and theirs.
         *("fastavro", "avro", "attr", "attrs", "authlib", "joserfc", "cachetools", "certifi", "httpx", "httpx2"),
         *("httpcore", "httpcore2", "h11", "anyio", "idna", "sniffio", "requests", "urllib3", "charset_normalizer"),
-        *("truststore",),
+        *("truststore", "grpc_tools"),
         # The peer extra (pyspark[connect,pipelines]).
         *("pandas", "pytz", "pyarrow", "grpc", "grpc_status", "google", "zstandard", "yaml"),
         # What every environment has (Debian's setuptools, in a venv of its python3, ships `debian`), and

@@ -214,7 +214,7 @@ class Dataset:
     dedup_key: tuple[str, ...] = ()
     dedup_horizon: str | None = None
     naming: Naming = Naming.DATASET
-    # How its Kafka values are written: JSON objects, or Avro in the Confluent wire format (formats/).
+    # How its Kafka values are written: JSON objects, or Avro or Protobuf in the Confluent wire format (formats/).
     format: Format = Format.JSON
 
     def __post_init__(self) -> None:

@@ -45,8 +45,9 @@ from .datasets.events import EVENTS
 from .dedup import CALENDAR_SPAN_S, mark_business_key_duplicates
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, Lakehouse, dataset_streams, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
-from .formats import Format
+from .formats import Format, protobuf
 from .formats.avro import parse_avro, resolve, schema_ids
+from .formats.protobuf import message_paths, parse_protobuf
 from .formats.registry import RegistryAccess, RegistryUnavailable, WriterSchemas, writer_schemas
 from .instants import to_micros
 from .monitoring import report_quarantine
@@ -215,7 +216,12 @@ def parse_records(
         return parse_events(bronze, dataset.contract)
     if not isinstance(schemas, WriterSchemas):
         raise ValueError(f"dataset {dataset.name} is in {dataset.format}: its writer schemas come from a registry")
-    return parse_avro(bronze, dataset.contract, schemas.lookup(schema_ids(bronze if ids_of is None else ids_of)))
+    named = bronze if ids_of is None else ids_of
+    if dataset.format is Format.PROTOBUF:
+        pairs = message_paths(named)
+        writers = schemas.lookup(sorted({schema_id for schema_id, _ in pairs}))
+        return parse_protobuf(bronze, dataset.contract, writers, [pair for pair in pairs if pair[1] is not None])
+    return parse_avro(bronze, dataset.contract, schemas.lookup(schema_ids(named)))
 
 
 def schemas_for(config: Config, dataset: Dataset) -> WriterSchemas | None:
@@ -257,7 +263,11 @@ def check_latest_writers(config: Config, dataset: Dataset) -> None:
             raise ConfigError(str(error)) from None
         if latest is None:
             continue
-        problem = resolve(dataset.contract, latest).problem
+        if dataset.format is Format.PROTOBUF:
+            # The message a Confluent serializer names by default: the file's first.
+            problem = protobuf.resolve(dataset.contract, latest, "0").problem
+        else:
+            problem = resolve(dataset.contract, latest).problem
         if problem is not None:
             raise ConfigError(
                 f"dataset {dataset.name}: the latest schema of subject {subject} (id {latest.schema_id}) cannot be "

@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+from functools import reduce
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -19,11 +21,14 @@ from ..contract import SCHEMA_ID_FOLLOWS, SCHEMA_ID_PLACEHOLDER
 
 MAGIC_BYTE = 0
 HEADER_BYTES = 5
+# Protobuf's message indexes read (message_path): nesting this deep, each index below 64.
+MAX_MESSAGE_DEPTH = 4
 NOT_WIRE_FORMAT = "value is not in the Confluent wire format (magic byte 0, then a 4-byte schema id)"
 UNKNOWN_SCHEMA = "writer schema is not in the registry" + SCHEMA_ID_FOLLOWS
 NOT_THE_FORMAT = "writer schema is not {format}" + SCHEMA_ID_FOLLOWS
 UNRESOLVABLE = "writer schema cannot be read into the contract" + SCHEMA_ID_FOLLOWS
 UNREADABLE = "value cannot be read with its writer schema" + SCHEMA_ID_FOLLOWS
+NO_MESSAGE = "message indexes name no message of the writer schema" + SCHEMA_ID_FOLLOWS
 
 
 def header_ok(value: Column) -> Column:
@@ -70,6 +75,51 @@ def framed(schema_id: int, body: Column) -> Column:
     if isinstance(schema_id, bool) or not isinstance(schema_id, int) or not 0 <= schema_id < 2**32:
         raise ValueError(f"a schema id is an int of 4 bytes, not {schema_id!r}")
     return F.concat(F.lit(bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big")), body)
+
+
+def message_path(value: Column) -> Column:
+    """For Protobuf: the message indexes after the header, as a path string (``"0"`` for the file's first
+    message, ``"1.2"`` for the third message nested in its second), null when they cannot be read.
+
+    Confluent's serializers write them as a zigzag varint count then each index, or a single byte 0 for
+    ``[0]``; paths of up to ``MAX_MESSAGE_DEPTH`` indexes below 64 (one byte each) are read.
+
+    Example::
+
+        rows.select(message_path(F.col("value")))  # "0"
+    """
+    _check_column(value)
+    first = _byte(value, HEADER_BYTES + 1)
+    by_count = F.lit(None).cast("string")
+    for count in range(MAX_MESSAGE_DEPTH, 0, -1):
+        indexes = [_byte(value, HEADER_BYTES + 2 + place) for place in range(count)]
+        readable = reduce(lambda both, index: both & _small_even(index), indexes, F.lit(True))
+        path = F.concat_ws(".", *[(index / 2).cast("int").cast("string") for index in indexes])
+        by_count = F.when((first == 2 * count) & readable, path).otherwise(by_count)
+    return F.when(header_ok(value), F.when(first == 0, F.lit("0")).otherwise(by_count))
+
+
+def protobuf_body(value: Column) -> Column:
+    """For Protobuf: the value without its header and message indexes (``message_path`` reads them).
+
+    Example::
+
+        rows.select(protobuf_body(F.col("value")))  # what Order.ParseFromString reads
+    """
+    _check_column(value)
+    first = _byte(value, HEADER_BYTES + 1)
+    index_bytes = F.when(first == 0, F.lit(1)).otherwise((first / 2).cast("int") + 1)
+    return F.substring(value, F.lit(HEADER_BYTES + 1) + index_bytes, F.lit(2**31 - 1))
+
+
+def _byte(value: Column, position: int) -> Column:
+    """The unsigned byte at ``position`` (from 1) of a binary value; null past its end."""
+    return F.when(F.length(value) >= position, F.conv(F.hex(F.substring(value, position, 1)), 16, 10).cast("int"))
+
+
+def _small_even(index: Column) -> Column:
+    # A zigzag varint of one byte holding a non-negative index below 64.
+    return index.isNotNull() & (index < 128) & (index % 2 == 0)
 
 
 def reasons(format_name: str) -> tuple[str, ...]:
