@@ -219,6 +219,13 @@ def test_writer_schemas_are_fetched_once_and_a_registry_that_does_not_answer_nam
     forgetful = WriterSchemas(schema_registry, client=counting, missing_ttl_s=0)
     assert forgetful.lookup([missing]) == forgetful.lookup([missing]) == {missing: None}
     assert counting.asked == [schema_id, missing, missing, missing]
+    # Many unknown ids in one batch (random bytes that look like the wire format) are asked several at a
+    # time, each once; the found one among them is kept, in the order asked.
+    counting.asked.clear()
+    many = [schema_id, *range(missing + 1, missing + 200)]
+    assert schemas.lookup(many) == {number: (first if number == schema_id else None) for number in many}
+    assert schemas.lookup(many[1:]) == dict.fromkeys(many[1:])
+    assert sorted(counting.asked) == many[1:]
     with pytest.raises(ValueError, match="missing_ttl_s must be seconds >= 0"):
         WriterSchemas(schema_registry, missing_ttl_s=-1)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -32,6 +33,8 @@ CACHE_SIZE = 1000
 # Ids found missing, kept this long (seconds) and at most this many (a few MB).
 MISSING_TTL_S = 300.0
 MISSING_CACHE_SIZE = 100_000
+# Requests to the registry at once, when a batch names ids neither cache holds (its client is thread-safe).
+LOOKUP_THREADS = 8
 # Seconds a request to the registry may take: its client waits for ever by default, and a registry that
 # accepts a connection without answering would hang the batch instead of failing it.
 REQUEST_TIMEOUT_S = 30
@@ -226,38 +229,50 @@ class WriterSchemas:
             return f"{self._client.get_compatibility()}, the registry's default"
 
     def lookup(self, schema_ids: Iterable[int]) -> dict[int, WriterSchema | None]:
-        """Each id's writer schema, None for an id the registry does not hold.
+        """Each id's writer schema, None for an id the registry does not hold. The ids neither cache holds
+        are asked ``LOOKUP_THREADS`` at a time: a batch of random bytes may name thousands.
 
         Raises RegistryUnavailable naming schema_registry.url when the registry does not answer.
         """
-        found: dict[int, WriterSchema | None] = {}
-        for schema_id in schema_ids:
+        ids = list(dict.fromkeys(schema_ids))
+        for schema_id in ids:
             if isinstance(schema_id, bool) or not isinstance(schema_id, int):
                 raise TypeError(f"schema ids are ints, not {schema_id!r}")
-            found[schema_id] = self._schema(schema_id)
-        return found
-
-    def _schema(self, schema_id: int) -> WriterSchema | None:
-        if schema_id in self._found:
-            self._found.move_to_end(schema_id)
-            return self._found[schema_id]
         now = time.monotonic()
         while self._missing and next(iter(self._missing.values())) <= now - self._missing_ttl_s:
             self._missing.popitem(last=False)
-        if schema_id in self._missing:
-            return None
-        schema = self._ask(lambda: self._client.get_schema(schema_id), True)
-        if schema is None:
-            if self._missing_ttl_s > 0:
+        found: dict[int, WriterSchema | None] = {}
+        asked = []
+        for schema_id in ids:
+            if schema_id in self._found:
+                self._found.move_to_end(schema_id)
+                found[schema_id] = self._found[schema_id]
+            elif schema_id in self._missing:
+                found[schema_id] = None
+            else:
+                asked.append(schema_id)
+        if len(asked) > 1:
+            with ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="schema-lookup") as pool:
+                answers = list(pool.map(self._fetch, asked))
+        else:
+            answers = [self._fetch(schema_id) for schema_id in asked]
+        for schema_id, writer in zip(asked, answers, strict=True):
+            found[schema_id] = writer
+            if writer is not None:
+                self._found[schema_id] = writer
+                if len(self._found) > self._cache_size:
+                    self._found.popitem(last=False)
+            elif self._missing_ttl_s > 0:
                 self._missing[schema_id] = now
                 if len(self._missing) > MISSING_CACHE_SIZE:
                     self._missing.popitem(last=False)
+        return {schema_id: found[schema_id] for schema_id in ids}
+
+    def _fetch(self, schema_id: int) -> WriterSchema | None:
+        schema = self._ask(lambda: self._client.get_schema(schema_id), True)
+        if schema is None:
             return None
-        writer = WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
-        self._found[schema_id] = writer
-        if len(self._found) > self._cache_size:
-            self._found.popitem(last=False)
-        return writer
+        return WriterSchema(schema_id, (schema.schema_type or "AVRO").upper(), schema.schema_str)
 
     def _ask(
         self, request: Callable[[], T], missing_is_none: bool = False, keep: frozenset[int] = frozenset()
