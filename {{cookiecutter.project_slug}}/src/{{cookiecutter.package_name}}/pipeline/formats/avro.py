@@ -35,9 +35,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import StructField, StructType
 
-from ..contract import EVENT_TIME_RANGE, TOMBSTONE, Contract, Field, Kind, Rule
-from ..instants import to_micros
-from . import wire
+from ..contract import TOMBSTONE, Contract, Field, Kind, Rule
+from . import typed, wire
 from .registry import WriterSchema
 
 AVRO = "AVRO"
@@ -47,7 +46,7 @@ PLAIN_TYPES = {Kind.STRING: "string", Kind.INTEGER: "int", Kind.LONG: "long", Ki
 # The contract's rules that apply to a value Avro typed. The others check JSON types, or cannot fail: a
 # required field is never null in a record read (the reader schema's type is not a union), and a
 # decimal the contract's precision cannot hold makes the whole record unreadable.
-VALUE_RULES = (Rule.EMPTY, Rule.OUT_OF_RANGE, Rule.CONTAINS_NUL)
+VALUE_RULES = typed.RULES
 DECODED = "_decoded"
 SCHEMA_ID = "_schema_id"
 
@@ -209,7 +208,7 @@ def parse_avro(bronze: DataFrame, contract: Contract, writers: Mapping[int, Writ
         .withColumns({field.name: F.col(f"{DECODED}.{field.name}") for field in contract.fields})
     )
     reason = _record_reason(contract, writers, resolutions, schema_id)
-    checks = [(_failed(rule, field), F.lit(rule.message(field))) for rule, field in value_checks(contract)]
+    checks = [(typed.failed(rule, field), F.lit(rule.message(field))) for rule, field in value_checks(contract)]
     field_reason = F.coalesce(*[F.when(failed, message) for failed, message in checks]) if checks else F.lit(None)
     return parsed.withColumn("reason", F.coalesce(reason, field_reason)).select(
         *bronze.columns, *contract.names, "reason"
@@ -287,20 +286,3 @@ def _record_reason(
     event_time = F.col(contract.event_time)
     checks.append((event_time.isNull(), F.concat(F.lit(wire.UNREADABLE), with_id)))
     return F.coalesce(*[F.when(failed, reason) for failed, reason in checks])
-
-
-def _failed(rule: Rule, field: Field) -> Column:
-    """True when ``field``, as Avro typed it, fails ``rule``."""
-    value = F.col(field.name)
-    match rule:
-        case Rule.EMPTY:
-            failed = F.length(F.trim(value)) == 0
-        case Rule.CONTAINS_NUL:
-            failed = F.instr(value, "\u0000") > 0
-        case Rule.OUT_OF_RANGE:
-            # Compared as microseconds: a TIMESTAMP literal before 1582 would be rebased (``instants``).
-            earliest, end = (to_micros(instant) for instant in EVENT_TIME_RANGE)
-            failed = ~F.unix_micros(value).between(earliest, end - 1)
-        case _:
-            raise ValueError(f"{rule} does not apply to a value Avro typed")
-    return value.isNotNull() & failed

@@ -48,9 +48,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StringType, StructField, StructType
 
-from ..contract import EVENT_TIME_RANGE, SCHEMA_ID_PLACEHOLDER, TOMBSTONE, Contract, Field, Kind, Rule
-from ..instants import to_micros
-from . import wire
+from ..contract import SCHEMA_ID_PLACEHOLDER, TOMBSTONE, Contract, Field, Kind, Rule
+from . import typed, wire
 from .registry import WriterSchema
 
 PROTOBUF = "PROTOBUF"
@@ -69,7 +68,7 @@ READS = {
 }
 # The contract's rules that apply to a value Protobuf typed (see avro.VALUE_RULES); DOES_NOT_FIT for a
 # decimal written as a string.
-VALUE_RULES = (Rule.EMPTY, Rule.DOES_NOT_FIT, Rule.OUT_OF_RANGE, Rule.CONTAINS_NUL)
+VALUE_RULES = (*typed.RULES, Rule.DOES_NOT_FIT)
 # A decimal's string is read this wide first: if the contract's own precision and scale read it otherwise,
 # it does not fit exactly.
 WIDE = "decimal(38,18)"
@@ -421,21 +420,9 @@ def _record_reason(
 
 def _failed(rule: Rule, field: Field) -> Column:
     """True when ``field``, as Protobuf typed it, fails ``rule``."""
-    value = F.col(field.name)
-    match rule:
-        case Rule.EMPTY:
-            failed = F.length(F.trim(value)) == 0
-        case Rule.CONTAINS_NUL:
-            failed = F.instr(value, "\u0000") > 0
-        case Rule.OUT_OF_RANGE:
-            earliest, end = (to_micros(instant) for instant in EVENT_TIME_RANGE)
-            failed = ~F.unix_micros(value).between(earliest, end - 1)
-        case Rule.DOES_NOT_FIT:
-            # The string as written, read wide and at the contract's scale: unequal, or unreadable, it does not fit.
-            raw = F.col(f"{DECODED}.{field.name}")
-            return raw.isNotNull() & (
-                value.isNull() | (raw.try_cast(WIDE) != value.cast(WIDE)) | raw.try_cast(WIDE).isNull()
-            )
-        case _:
-            raise ValueError(f"{rule} does not apply to a value Protobuf typed")
-    return value.isNotNull() & failed
+    if rule is not Rule.DOES_NOT_FIT:
+        return typed.failed(rule, field)
+    # The string as written, read wide and at the contract's scale: unequal, or unreadable, it does not fit.
+    value, raw = F.col(field.name), F.col(f"{DECODED}.{field.name}")
+    wide = raw.try_cast(WIDE)
+    return raw.isNotNull() & (value.isNull() | wide.isNull() | (wide != value.cast(WIDE)))
