@@ -173,6 +173,19 @@ def message_name(descriptors: bytes, path: str) -> str:
     return ".".join(names)
 
 
+def message_descriptor(descriptors: bytes, name: str):
+    """The descriptor of message ``name`` in a binary descriptor set, in a pool of its own.
+
+    Example::
+
+        message_descriptor(descriptor_set(writer), "shop.Order").fields
+    """
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(descriptors).file:
+        pool.Add(file)
+    return pool.FindMessageTypeByName(name)
+
+
 def resolve(contract: Contract, writer: WriterSchema, path: str) -> Message:
     """Whether records of ``writer``'s message ``path`` can be read into ``contract``, and how.
 
@@ -193,10 +206,7 @@ def resolve(contract: Contract, writer: WriterSchema, path: str) -> Message:
         return Message(writer, path, problem=f"no message {path}")
     except ValueError as error:
         return Message(writer, path, problem=str(error))
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(descriptors).file:
-        pool.Add(file)
-    fields = {field.name: field for field in pool.FindMessageTypeByName(name).fields}
+    fields = {field.name: field for field in message_descriptor(descriptors, name).fields}
     for field in contract.fields:
         written = fields.get(field.name)
         if written is None:
@@ -342,11 +352,7 @@ class Decoder:
     def _class(self, schema_id: int, path: str) -> type:
         key = (schema_id, path)
         if key not in self._classes:
-            descriptors, name = self.messages[key]
-            pool = descriptor_pool.DescriptorPool()
-            for file in descriptor_pb2.FileDescriptorSet.FromString(descriptors).file:
-                pool.Add(file)
-            self._classes[key] = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+            self._classes[key] = message_factory.GetMessageClass(message_descriptor(*self.messages[key]))
         return self._classes[key]
 
 
