@@ -267,20 +267,13 @@ def _record_reason(
     schema_id: Column,
 ) -> Column:
     """Why a record cannot be read at all, before its fields: null when it can."""
-    known = [number for number, writer in writers.items() if writer is not None]
     with_id = schema_id.cast("string")
-    unresolved = [(number, found) for number, found in resolutions.items() if found.problem]
-    other_format = [number for number, found in unresolved if found.writer.schema_type != AVRO]
-    problems = {number: found.problem for number, found in unresolved if found.writer.schema_type == AVRO}
-    checks = [
-        (F.col("value").isNull(), F.lit(TOMBSTONE)),
-        (schema_id.isNull(), F.lit(wire.NOT_WIRE_FORMAT)),
-        (~schema_id.isin(known) if known else F.lit(True), F.concat(F.lit(wire.UNKNOWN_SCHEMA), with_id)),
-        (
-            schema_id.isin(other_format) if other_format else F.lit(False),
-            F.concat(F.lit(wire.NOT_THE_FORMAT.format(format=FORMAT_NAME)), with_id),
-        ),
-    ]
+    problems = {
+        number: found.problem
+        for number, found in resolutions.items()
+        if found.problem and found.writer.schema_type == AVRO
+    }
+    checks = wire.header_checks(schema_id, writers, AVRO, FORMAT_NAME)
     for number, problem in sorted(problems.items()):
         checks.append((schema_id == F.lit(number), F.lit(f"{wire.UNRESOLVABLE}{number}: {problem}")))
     event_time = F.col(contract.event_time)

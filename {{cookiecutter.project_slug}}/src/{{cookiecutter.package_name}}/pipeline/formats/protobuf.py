@@ -395,19 +395,9 @@ def _record_reason(
     path: Column,
 ) -> Column:
     """Why a record cannot be read at all, before its fields: null when it can."""
-    known = [number for number, writer in writers.items() if writer is not None]
-    other_format = [
-        number for number, writer in writers.items() if writer is not None and writer.schema_type != PROTOBUF
-    ]
     with_id = schema_id.cast("string")
     checks = [
-        (F.col("value").isNull(), F.lit(TOMBSTONE)),
-        (schema_id.isNull(), F.lit(wire.NOT_WIRE_FORMAT)),
-        (~schema_id.isin(known) if known else F.lit(True), F.concat(F.lit(wire.UNKNOWN_SCHEMA), with_id)),
-        (
-            schema_id.isin(other_format) if other_format else F.lit(False),
-            F.concat(F.lit(wire.NOT_THE_FORMAT.format(format=FORMAT_NAME)), with_id),
-        ),
+        *wire.header_checks(schema_id, writers, PROTOBUF, FORMAT_NAME),
         (path.isNull(), F.concat(F.lit(wire.NO_MESSAGE), with_id)),
     ]
     for message in messages:

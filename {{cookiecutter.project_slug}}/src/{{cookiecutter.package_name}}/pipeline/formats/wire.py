@@ -12,12 +12,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from ..contract import SCHEMA_ID_FOLLOWS, SCHEMA_ID_PLACEHOLDER
+from ..contract import SCHEMA_ID_FOLLOWS, SCHEMA_ID_PLACEHOLDER, TOMBSTONE
+from .registry import WriterSchema
 
 MAGIC_BYTE = 0
 HEADER_BYTES = 5
@@ -110,6 +112,32 @@ def protobuf_body(value: Column) -> Column:
     first = _byte(value, HEADER_BYTES + 1)
     index_bytes = F.when(first == 0, F.lit(1)).otherwise((first / 2).cast("int") + 1)
     return F.substring(value, F.lit(HEADER_BYTES + 1) + index_bytes, F.lit(2**31 - 1))
+
+
+def header_checks(
+    schema_id: Column, writers: Mapping[int, WriterSchema | None], schema_type: str, format_name: str
+) -> list[tuple[Column, Column]]:
+    """The (failed, reason) checks of a record before its body, in order: a tombstone, a value not in the
+    wire format, an id the registry does not hold (None in ``writers``), a writer schema of another type
+    than ``schema_type``. ``schema_id`` is ``schema_id(F.col("value"))``.
+
+    Example::
+
+        checks = header_checks(F.col("_schema_id"), writers, "AVRO", "Avro")
+    """
+    _check_column(schema_id)
+    known = [number for number, writer in writers.items() if writer is not None]
+    other_type = [number for number in known if writers[number].schema_type != schema_type]
+    with_id = schema_id.cast("string")
+    return [
+        (F.col("value").isNull(), F.lit(TOMBSTONE)),
+        (schema_id.isNull(), F.lit(NOT_WIRE_FORMAT)),
+        (~schema_id.isin(known) if known else F.lit(True), F.concat(F.lit(UNKNOWN_SCHEMA), with_id)),
+        (
+            schema_id.isin(other_type) if other_type else F.lit(False),
+            F.concat(F.lit(NOT_THE_FORMAT.format(format=format_name)), with_id),
+        ),
+    ]
 
 
 def _byte(value: Column, position: int) -> Column:
