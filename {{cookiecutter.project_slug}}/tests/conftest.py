@@ -55,10 +55,14 @@ def pytest_addoption(parser):
     parser.addoption(
         "--storage",
         choices=STORAGES,
-        default="{{ cookiecutter.storage }}",
+        default="local",
         help="where the tests marked `storage` keep their lakehouse: under the test's tmp_path (local) or "
         "on the session's S3 server (s3); default: the bake's storage answer",
     )
+
+
+# Tests that take minutes each (crash chains, kills, schedules of faults, the benchmark's smoke run).
+LONG_MARKERS = ("faults", "bench", "cluster", "timeout")
 
 
 def pytest_collection_modifyitems(items):
@@ -66,6 +70,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "kafka_broker" in item.fixturenames:
             item.add_marker(pytest.mark.kafka)
+    # The longest first, the slow next, in their order otherwise: pytest-xdist hands tests out in this
+    # order, so that the short ones fill in behind the long ones and both workers finish together.
+    items.sort(key=running_order)
+
+
+def running_order(item) -> int:
+    if any(item.get_closest_marker(name) for name in LONG_MARKERS):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ Every expectation is computed here from the records as they were produced, with 
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse, wit
 from {{ cookiecutter.package_name }}.pipeline.formats import Format, wire
 from {{ cookiecutter.package_name }}.pipeline.formats.registry import client_conf
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import CRASH_POINT_VAR, FUSED_POINTS
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now, switch_mode
 
 # The contract of test_formats_avro's records: the same orders, read here through every layer.
@@ -45,6 +47,7 @@ BY_SHOP = Gold(
 )
 # Named apart from any dataset a bake ships.
 SALES = Dataset("avro_sales", CONTRACT, (BY_SHOP,), format=Format.AVRO)
+AFTER_SILVER_COMMIT = FUSED_POINTS[1]
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 
 
@@ -141,7 +144,7 @@ def sales_topic(kafka_bootstrap) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_an_avro_dataset_is_exact_across_writer_versions_a_silent_registry_a_reset_and_the_fused_mode(
+def test_an_avro_dataset_is_exact_across_writer_versions_a_silent_registry_a_reset_and_a_killed_fused_batch(
     spark, config, sales_topic, tmp_path, monkeypatch
 ):
     registry = LocalRegistry(tmp_path / "registry")
@@ -228,9 +231,21 @@ def test_an_avro_dataset_is_exact_across_writer_versions_a_silent_registry_a_res
         reset(spark, lakehouse, with_downstream(SALES.stream("silver"), SALES), config.gold_window, SALES, config)
         assert found(spark, lakehouse) == expected
 
-        # The fused stream reads the same format.
+        # The fused stream reads the same format. Its first batch (an order, and a record naming an id the
+        # registry never gave) dies after silver's commit, in a process of its own; the replay, in this
+        # one, decodes the batch again and lands each record once, in silver or in quarantine.
         switch_mode(spark, config, Mode.FUSED, SALES)
-        producing.send([(producing.value(V3, sale("s8", 6, "north", 4, "2.50")), sale("s8", 6, "north", 4, "2.50"))])
+        unknown_id = 999_999
+        producing.send(
+            [
+                (producing.value(V3, sale("s8", 6, "north", 4, "2.50")), sale("s8", 6, "north", 4, "2.50")),
+                (bytes([0]) + unknown_id.to_bytes(4, "big") + b"\x02", f"{wire.UNKNOWN_SCHEMA}{unknown_id}"),
+            ]
+        )
+        crash = f"{SALES.stream('fused')}:{AFTER_SILVER_COMMIT}:0"
+        killed = run_alone(config, SALES.stream("fused"), tmp_path / "fused.log", crash=crash)
+        assert killed.wait(timeout=600) == -signal.SIGKILL, (tmp_path / "fused.log").read_text()[-3000:]
+        assert f"crash point {crash}: killing the driver" in (tmp_path / "fused.log").read_text()
         run_available_now(spark, config, (SALES.stream("fused"),), SALES)
         assert found(spark, lakehouse) == producing.expected()
         assert {name: count for name, count in run_audit(spark, config, SALES).errors.items() if count} == {}
@@ -261,14 +276,16 @@ start_stream(spark, config, sys.argv[2], available_now=False, dataset=SALES).awa
 """
 
 
-def run_alone(config, stream: str, log: Path) -> subprocess.Popen:
-    """``stream`` of SALES running on in a process of its own, its output in ``log``."""
+def run_alone(config, stream: str, log: Path, crash: str | None = None) -> subprocess.Popen:
+    """``stream`` of SALES running on in a process of its own, its output in ``log``; killed at the
+    crash point ``crash``, if one is given."""
     [topic] = config.dataset_sections["dataset_avro_sales"]["topics"]
     environ = {
         "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
         "LAKEHOUSE_ROOT": config.lakehouse_root,
         "SCHEMA_REGISTRY_URL": config.schema_registry.url,
         "PIPELINE_DOWNSTREAM_TRIGGER_INTERVAL": "1 second",
+        **({CRASH_POINT_VAR: crash} if crash else {}),
     }
     with log.open("w") as out:
         return subprocess.Popen(

@@ -178,10 +178,11 @@ def sinks_oracle(spark, config, ledger: Ledger, env: dict) -> dict:
     return anomalies
 
 
+# On a local disk: crashes against S3's commits are proven by the random kills and by the fused
+# stream's crash points, both marked `storage`; this chain on S3 takes about twice as long.
 @pytest.mark.faults
-@pytest.mark.storage
-# Sixteen driver processes compiling every query, then the audit: on S3 and a busy 2-core machine about
-# 15 minutes, the suite's 900 s a test.
+# Sixteen driver processes compiling every query, then the audit: on a busy 2-core machine about
+# 10 minutes, more than the suite's 900 s a test.
 @pytest.mark.timeout(1800)
 def test_compiled_streams_crashed_at_each_batch_boundary_then_gold_reset_leave_tables_and_egresses_exact(
     spark, config, tmp_path
@@ -563,19 +564,19 @@ def test_a_run_whose_lease_is_taken_away_stops_with_exit_1_and_its_way_out_is_ex
 
 @pytest.mark.faults
 @pytest.mark.storage
-def test_chaos_run_with_ten_random_kills_reports_zero_anomalies(spark, config, tmp_path):
+def test_chaos_run_with_five_random_kills_reports_zero_anomalies(spark, config, tmp_path):
     # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
     environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers}
     packaged = configure(load_config("local", environ=environ), environ)
     with ExitStack() as servers:
         run_config = private_servers(config.model_copy(update={"egress": packaged.egress}), tmp_path, servers)
-        report = run_chaos(run_config, kills=10, seed=7, records=1500, logs=tmp_path / "pipeline-logs")
+        report = run_chaos(run_config, kills=5, seed=7, records=1000, logs=tmp_path / "pipeline-logs")
 
     print(report.table())
     # Kills that found the pipeline running and ended it by SIGKILL, counted by the runner: most of
-    # them after a finished batch (the seed's schedule has six), some while it started (four).
-    # `chaos --kills 10 --seed 7` runs the same schedule.
-    assert report.kills == 10
+    # them after a finished batch (the seed's schedule has three), some while it started (two).
+    # `chaos --kills 5 --seed 7` runs the same schedule; `chaos --kills 100` is the long run.
+    assert report.kills == 5
     assert 0 < report.kills_while_starting < report.kills / 2
     # At least one kill landed inside a batch, which the next run replayed.
     assert report.batches_replayed > 0
