@@ -397,8 +397,8 @@ def test_topic_folds_to_gold_and_a_rerun_publishes_only_the_changed_rows(spark, 
     assert len(second) - len(first) == len(changed)
 
 
-def test_an_avro_changelog_reads_as_gold_with_confluents_deserializer_and_a_refusing_subject_stops_the_start(
-    spark, config, kafka_bootstrap, schema_registry
+def test_an_avro_changelog_reads_as_gold_with_confluents_deserializer_and_a_refusing_subject_has_a_way_out(
+    spark, config, kafka_bootstrap, schema_registry, monkeypatch
 ):
     out = output_topic(kafka_bootstrap)
     registry = config.schema_registry.model_copy(update={"url": schema_registry})
@@ -443,6 +443,25 @@ def test_an_avro_changelog_reads_as_gold_with_confluents_deserializer_and_a_refu
     unnamed = refused.model_copy(update={"schema_registry": config.schema_registry.model_copy(update={"url": ""})})
     with pytest.raises(ConfigError, match=r"^egress_kafka\.value_format: avro names its schemas in a registry"):
         start_stream(spark, unnamed, EGRESS, available_now=True)
+
+    # The way out the refusal names, from the command line: a new topic, then a reset of the egress. Its new
+    # stream publishes the whole gold there, under the new topic's subject, read back by the deserializer.
+    moved = output_topic(kafka_bootstrap)
+    cli_main = in_process_cli(monkeypatch, config, moved)
+    monkeypatch.setenv("EGRESS_KAFKA_VALUE_FORMAT", "avro")
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", schema_registry)
+    assert cli_main(["checkpoints", "reset", EGRESS, "--yes"]) == 0
+    assert cli_main(["run", "--layer", EGRESS, "--available-now"]) == 0
+    moved_context = SerializationContext(moved, MessageField.VALUE)
+    moved_records, moved_state = fold(
+        kafka_bootstrap, moved, "read_committed", lambda raw: (raw, deserializer(raw, moved_context))
+    )
+    moved_id = client.get_latest_version(f"{moved}-value").schema_id
+    assert {int.from_bytes(raw[1:5], "big") for raw, _ in (record.value for record in moved_records)} == {moved_id}
+    moved_rows = {gold_key(key): (value["event_count"], value["amount_sum"]) for key, (_, value) in moved_state.items()}
+    assert moved_rows == rows == gold_rows(spark, gold_path(config))
+    moved_config = config.model_copy(update={"egress": {EGRESS: KafkaEgressSettings(topic=moved, value_format="avro")}})
+    assert audit_errors(spark, moved_config) == {"kafka_egress_records_repeating_a_gold_version": 0}
 
 
 def test_gold_rebuilt_by_a_reset_is_republished_whole_without_a_tombstone_for_a_kept_row(
