@@ -46,6 +46,7 @@ from enum import StrEnum
 
 from .config import duration_seconds
 from .contract import EVENT_COUNT, NAME_PATTERN, NUMERIC_KINDS, RESERVED_NAMES, WINDOW_END, WINDOW_START, Contract, Kind
+from .expectations import Expectation, QuarantineLimit
 from .formats import Format
 
 # Table and stream names are built from these: lower case, so that they are the same on every store.
@@ -216,9 +217,13 @@ class Dataset:
     naming: Naming = Naming.DATASET
     # How its Kafka values are written: JSON objects, or Avro or Protobuf in the Confluent wire format (formats/).
     format: Format = Format.JSON
+    # What a team requires of a record the contract can read, in order, and how much of a batch may go to
+    # quarantine before the batch fails (expectations.py).
+    expectations: tuple[Expectation, ...] = ()
+    quarantine_limit: QuarantineLimit | None = None
 
     def __post_init__(self) -> None:
-        _check_name_and_freeze(self, "dataset", ("golds", "dedup_key"))
+        _check_name_and_freeze(self, "dataset", ("golds", "dedup_key", "expectations"))
         if not isinstance(self.contract, Contract):
             raise ValueError(f"dataset {self.name}: contract must be a Contract, not {type(self.contract).__name__}")
         if not self.golds:
@@ -245,6 +250,19 @@ class Dataset:
             raise ValueError(f"dataset {self.name}: naming must be a Naming ({', '.join(Naming)})")
         if not isinstance(self.format, Format):
             raise ValueError(f"dataset {self.name}: format must be a Format ({', '.join(Format)})")
+        seen: set[str] = set()
+        for expectation in self.expectations:
+            if not isinstance(expectation, Expectation):
+                raise ValueError(f"dataset {self.name}: {expectation!r} is not an Expectation")
+            if expectation.name in seen:
+                raise ValueError(f"dataset {self.name}: expectation {expectation.name} is declared twice")
+            seen.add(expectation.name)
+            try:
+                expectation.check_against(self.contract)
+            except ValueError as error:
+                raise ValueError(f"dataset {self.name}: {error}") from None
+        if self.quarantine_limit is not None and not isinstance(self.quarantine_limit, QuarantineLimit):
+            raise ValueError(f"dataset {self.name}: quarantine_limit must be a QuarantineLimit or None")
 
     @property
     def bronze(self) -> str:

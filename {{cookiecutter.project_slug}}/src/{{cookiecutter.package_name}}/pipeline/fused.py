@@ -286,7 +286,7 @@ def stream_writer(
                     cached.append(parsed)
                 if committed is None:  # else bronze holds the batch already: its rows are the ones read back
                     beside.append(Beside(partial(write_bronze, identified), f"{name}-bronze"))
-                ranges, rejected, records = ranges_and_quarantine_share(parsed, name, batch_id)
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, name, batch_id, dataset)
                 added = None
                 if rejected < records:
                     valid = valid_events(parsed, contract)

@@ -71,6 +71,12 @@ QUARANTINED_RECORDS = Counter(
     "Records sent to quarantine, by reason (the rule, <type> for the JSON type)",
     ["stream", "reason"],
 )
+# A quarantining expectation's failures are quarantine reasons (lakehouse_quarantined_records).
+EXPECTATION_FAILURES = Counter(
+    "lakehouse_expectation_failures",
+    "Records that failed an expectation that warns or fails, by its name",
+    ["stream", "expectation"],
+)
 EGRESS_BATCHES = Counter("lakehouse_egress_batches", "Egress batches, by outcome", ["stream", "outcome"])
 EGRESS_RECORDS = Counter("lakehouse_egress_records", "Records an egress committed to its sink", ["stream"])
 LEASE = Info("lakehouse_lease", "The process holding the stream's lease", ["stream"])
@@ -133,6 +139,24 @@ def report_quarantine(stream: str, batch_id: int, records: int, quarantined: int
         "reasons": reasons,
     }
     (log.warning if alert else log.info)(json.dumps(record))
+
+
+def report_expectations(stream: str, batch_id: int, failures: dict[str, int]) -> None:
+    """Count the records of a batch that failed each expectation that warns or fails (a bounded set of
+    labels: the dataset's expectation names); a WARNING naming those with failures.
+
+    Example::
+
+        report_expectations("orders_silver", 7, {"known_shop": 2, "total_below_limit": 0})
+    """
+    if any(not isinstance(count, int) or count < 0 for count in failures.values()):
+        raise ValueError(f"failures must count records, got {failures}")
+    for name, count in failures.items():
+        EXPECTATION_FAILURES.labels(stream, name).inc(count)
+    failed = {name: count for name, count in failures.items() if count}
+    if failed:
+        print(f"[{stream}] batch {batch_id}: expectations not met: {failed}", file=sys.stderr, flush=True)
+        log.warning(json.dumps({"event": "expectations", "stream": stream, "batch_id": batch_id, "failed": failed}))
 
 
 def report_egress_batch(stream: str, batch_id: int, outcome: EgressOutcome, records: int, sink: str) -> None:

@@ -45,12 +45,21 @@ from .datasets.events import EVENTS
 from .dedup import CALENDAR_SPAN_S, mark_business_key_duplicates
 from .delta.tables import KAFKA_KEY_COLUMNS, KAFKA_PARTITION_COLUMNS, Lakehouse, dataset_streams, may_hold
 from .delta.writes import append_idempotent, delta_transaction, retry_conflicts, warm_up_state
+from .expectations import (
+    ExpectationFailed,
+    counted,
+    failure_aggregates,
+    failures,
+    judged,
+    refuse_failed,
+    with_kafka_time,
+)
 from .formats import Format, protobuf
 from .formats.avro import parse_avro, resolve, schema_ids
 from .formats.protobuf import message_paths, parse_protobuf
 from .formats.registry import RegistryAccess, RegistryUnavailable, WriterSchemas, writer_schemas
 from .instants import to_micros
-from .monitoring import report_quarantine
+from .monitoring import report_expectations, report_quarantine
 from .recovery import checkpoints
 from .recovery.crash_points import BETWEEN_SINK_COMMITS, crash_points, reach
 from .recovery.lease import check_held
@@ -201,7 +210,9 @@ def parse_records(
 ) -> DataFrame:
     """Bronze rows plus one typed column per field of ``dataset``'s contract and `reason`, in its format:
     ``parse_events`` for JSON, ``formats.avro.parse_avro`` for Avro, whose writer schemas ``schemas``
-    finds (``schemas_for``). RegistryUnavailable when the registry does not answer: the batch fails.
+    finds (``schemas_for``); a record the contract reads and one of the dataset's quarantining
+    expectations refuses has that expectation's reason (``expectations.judged``).
+    RegistryUnavailable when the registry does not answer: the batch fails.
     ``ids_of`` (default ``bronze``) is where the batch's schema ids are read: the batch as bronze gave it,
     when ``bronze`` is its copies taken apart by ``first_per_kafka_record``, which would be computed
     twice otherwise.
@@ -212,6 +223,10 @@ def parse_records(
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    return judged(_read(bronze, dataset, schemas, ids_of), dataset.expectations)
+
+
+def _read(bronze: DataFrame, dataset: Dataset, schemas: WriterSchemas | None, ids_of: DataFrame | None) -> DataFrame:
     if dataset.format is Format.JSON:
         return parse_events(bronze, dataset.contract)
     if not isinstance(schemas, WriterSchemas):
@@ -324,21 +339,33 @@ def kafka_key_ranges(rows: DataFrame, *aggregates: Column) -> list[Row]:
     )
 
 
-def ranges_and_quarantine_share(parsed: DataFrame, stream: str, batch_id: int) -> tuple[list[Row], int, int]:
+def ranges_and_quarantine_share(
+    parsed: DataFrame, stream: str, batch_id: int, dataset: Dataset | None = None
+) -> tuple[list[Row], int, int]:
     """A parsed batch's ``kafka_key_ranges`` with its rejected records counted, and the batch's rejected and
-    total records; the quarantine share reported for ``stream`` when any was rejected. One Spark job
-    (``parsed`` should be cached: the sinks read it again).
+    total records; the quarantine share reported for ``stream`` when any was rejected, and the records
+    failing each of ``dataset``'s expectations that warns or fails. ExpectationFailed, before anything is
+    written, when a record fails one that fails or the batch quarantines more than the dataset's quarantine
+    limit. One Spark job (``parsed`` should be cached: the sinks read it again).
 
     Example::
 
-        ranges, rejected, records = ranges_and_quarantine_share(parsed, "silver", 7)
+        ranges, rejected, records = ranges_and_quarantine_share(parsed, "orders_silver", 7, ORDERS_DATASET)
     """
     if not stream:
         raise ValueError("stream must name the stream whose batch this is")
-    ranges = kafka_key_ranges(parsed, F.count("reason").alias("rejected"))
+    expectations = () if dataset is None else dataset.expectations
+    judged_rows = with_kafka_time(parsed) if counted(expectations) else parsed
+    ranges = kafka_key_ranges(judged_rows, F.count("reason").alias("rejected"), *failure_aggregates(expectations))
     rejected, records = sum(r.rejected for r in ranges), sum(r.records for r in ranges)
+    reasons = reason_counts(parsed) if rejected else {}
     if rejected:
-        report_quarantine(stream, batch_id, records, rejected, reason_counts(parsed))
+        report_quarantine(stream, batch_id, records, rejected, reasons)
+    if counted(expectations):
+        report_expectations(stream, batch_id, failures(ranges, expectations))
+        refuse_failed(f"[{stream}] batch {batch_id}", ranges, expectations)
+    if dataset is not None and dataset.quarantine_limit is not None:
+        dataset.quarantine_limit.check(stream, batch_id, records, rejected, reasons)
     return ranges, rejected, records
 
 
@@ -441,7 +468,7 @@ def stream_writer(
             checked, parsed = parsed, without_duplicates(parsed, silver_path, dataset).persist()
         try:
             with crash_points(bronze_batch.sparkSession, stream, batch_id):
-                ranges, rejected, records = ranges_and_quarantine_share(parsed, stream, batch_id)
+                ranges, rejected, records = ranges_and_quarantine_share(parsed, stream, batch_id, dataset)
                 if checked is not None:
                     # The marked rows are cached now, read from the parse cached before: it is read no more.
                     checked.unpersist()
@@ -544,5 +571,13 @@ def rebuilt_rows(
     if dataset.dedup_key:
         parsed = without_duplicates(parsed, None, dataset)
     parsed = parsed.persist()
+    if counted(dataset.expectations):
+        # A record an expectation that fails refuses is never in silver: not after a rebuild either.
+        ranges = kafka_key_ranges(with_kafka_time(parsed), *failure_aggregates(dataset.expectations))
+        try:
+            refuse_failed(f"the rebuild of {dataset.silver} from {dataset.bronze}", ranges, dataset.expectations)
+        except ExpectationFailed:
+            parsed.unpersist()
+            raise
     rows = {dataset.silver: valid_events(parsed, dataset.contract), dataset.quarantine: quarantined_records(parsed)}
     return rows, parsed

@@ -50,12 +50,14 @@ from .delta.tables import (
     latest_snapshot,
     read_properties,
     set_properties,
+    silver_schema,
     table_exists,
     with_downstream,
 )
 from .delta.writes import FENCED_BATCH, Delivery, cancel_warm_ups
 from .egress import configured, published, target
 from .egress import stream as egress_stream
+from .expectations import check_expectations
 from .kafka import identity
 from .recovery import checkpoints, lease, rebuild
 from .recovery.sink_progress import IDENTITY_PROPERTY, START_PROPERTY
@@ -107,6 +109,7 @@ def start_stream(
     schemas = silver.schemas_for(config, dataset)  # ConfigError before anything starts, for a format it needs
     if layer in (dataset.stream("silver"), fused_one.name):
         silver.check_latest_writers(config_of(config, dataset), dataset)
+        check_expectations(spark, dataset.name, dataset.expectations, silver_schema(dataset.contract))
     ensure_tables(spark, lakehouse, dataset, change_feed=published(config, dataset))
     # Before prepare, which writes the checkpoint's metadata and binds the tables.
     ttl_s = duration_seconds(config.lease_ttl, "pipeline.lease_ttl")
