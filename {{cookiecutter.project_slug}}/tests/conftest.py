@@ -55,14 +55,10 @@ def pytest_addoption(parser):
     parser.addoption(
         "--storage",
         choices=STORAGES,
-        default="local",
+        default="{{ cookiecutter.storage }}",
         help="where the tests marked `storage` keep their lakehouse: under the test's tmp_path (local) or "
         "on the session's S3 server (s3); default: the bake's storage answer",
     )
-
-
-# Tests that take minutes each (crash chains, kills, schedules of faults, the benchmark's smoke run).
-LONG_MARKERS = ("faults", "bench", "cluster", "timeout")
 
 
 def pytest_collection_modifyitems(items):
@@ -70,15 +66,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "kafka_broker" in item.fixturenames:
             item.add_marker(pytest.mark.kafka)
-    # The longest first, the slow next, in their order otherwise: pytest-xdist hands tests out in this
-    # order, so that the short ones fill in behind the long ones and both workers finish together.
-    items.sort(key=running_order)
-
-
-def running_order(item) -> int:
-    if any(item.get_closest_marker(name) for name in LONG_MARKERS):
-        return 0
-    return 1 if item.get_closest_marker("slow") else 2
 
 
 @pytest.fixture(scope="session")
@@ -324,13 +311,18 @@ def kafka_bootstrap(kafka_broker) -> str:
     return kafka_broker.bootstrap_servers
 
 
+def fresh_topic(bootstrap: str, prefix: str) -> str:
+    """A new two-partition topic on the broker at ``bootstrap``, named ``<prefix>-<six random hex digits>``."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
+    return name
+
+
 @pytest.fixture
 def topic(kafka_bootstrap, request) -> str:
     """A fresh two-partition topic named after the test."""
-    name = re.sub(r"[^a-zA-Z0-9-]", "-", request.node.name)[:80] + "-" + uuid.uuid4().hex[:6]
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
-    return name
+    return fresh_topic(kafka_bootstrap, re.sub(r"[^a-zA-Z0-9-]", "-", request.node.name)[:80])
 
 
 @pytest.fixture
