@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from conftest import fresh_topic
 from test_formats_avro import ORDERS
 
 from {{ cookiecutter.package_name }}.devtools.registry_local import LocalRegistry
@@ -136,10 +135,7 @@ def found(spark, lakehouse: Lakehouse) -> tuple[list, list, dict]:
 
 @pytest.fixture
 def sales_topic(kafka_bootstrap) -> str:
-    name = f"sales-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
-    return name
+    return fresh_topic(kafka_bootstrap, "sales")
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -19,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import committed_records
+from conftest import committed_records, fresh_topic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
@@ -184,10 +182,7 @@ def found(spark, lakehouse: Lakehouse) -> tuple[set, set, dict, dict]:
 
 @pytest.fixture
 def orders_topic(kafka_bootstrap) -> str:
-    name = f"orders-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
-    return name
+    return fresh_topic(kafka_bootstrap, "orders")
 
 
 @pytest.fixture

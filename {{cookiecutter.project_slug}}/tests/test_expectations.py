@@ -6,14 +6,13 @@ hold is computed here from the records as they were produced."""
 
 import json
 import re
-import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import fresh_topic
 from prometheus_client import REGISTRY
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -189,10 +188,7 @@ def test_the_first_quarantining_expectation_a_record_fails_names_its_reason(spar
 
 @pytest.fixture
 def orders_topic(kafka_bootstrap) -> str:
-    name = f"checked-orders-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(timeout=30)
-    return name
+    return fresh_topic(kafka_bootstrap, "checked-orders")
 
 
 def failures_counted(stream: str, name: str) -> float:
