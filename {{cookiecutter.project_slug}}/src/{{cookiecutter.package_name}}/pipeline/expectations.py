@@ -290,12 +290,11 @@ def judged(parsed: DataFrame, expectations: tuple[Expectation, ...]) -> DataFram
     quarantining = [each for each in expectations if each.action is Action.QUARANTINE]
     if not quarantining:
         return parsed
-    with_kafka_time = parsed.withColumn(KAFKA_TIMESTAMP, F.col("timestamp"))
     first_failed = F.lit(None).cast("string")
     for expectation in reversed(quarantining):
         first_failed = F.when(~expectation.met, F.lit(expectation.reason)).otherwise(first_failed)
     reason = F.when(F.col("reason").isNull(), first_failed).otherwise(F.col("reason"))
-    return with_kafka_time.withColumn("reason", reason).select(*parsed.columns)
+    return with_kafka_time(parsed).withColumn("reason", reason).select(*parsed.columns)
 
 
 def _column(field: str) -> str:
@@ -372,8 +371,8 @@ class QuarantineLimit:
         raise ExpectationFailed(
             f"[{stream}] batch {batch_id}: {quarantined} of {records} records would go to quarantine "
             f"({format(quarantined / records, '.1%')}), over the dataset's quarantine limit of "
-            f"{format(self.share, '.1%')}: nothing of "
-            f"the batch is committed. Reasons: {reasons}. Those records are in Kafka already: once the producer "
+            f"{format(self.share, '.1%')}: nothing of the batch is committed. Reasons: {reasons}. "
+            f"Those records are in Kafka already: once the producer "
             f"is fixed for the records to come, raise the limit (or take it out) in the dataset's module and "
             f"start the stream again, which writes the batch once, its records in quarantine"
         )
@@ -431,11 +430,10 @@ def refuse_failed(where: str, ranges: list, expectations: tuple[Expectation, ...
 
         refuse_failed("[orders_silver] batch 7", ranges, DATASET.expectations)
     """
+    found = failures(ranges, expectations)
     for index, expectation in enumerate(counted(expectations)):
-        if expectation.action is not Action.FAIL:
-            continue
-        count = sum(row[f"failed_{index}"] for row in ranges)
-        if not count:
+        count = found[expectation.name]
+        if expectation.action is not Action.FAIL or not count:
             continue
         topic, partition, offset = min(
             (row.topic, row.partition, row[f"first_{index}"]) for row in ranges if row[f"first_{index}"] is not None
