@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from {{ cookiecutter.package_name }}.bench.harness import baseline_packages
+from {{ cookiecutter.package_name }}.cli.dev import download_with_retries
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka, partitions_with_leaders
 from {{ cookiecutter.package_name }}.devtools.registry_local import LocalRegistry
 from {{ cookiecutter.package_name }}.devtools.s3_local import BUCKET, LocalS3
@@ -92,8 +93,12 @@ def spark():
     }
     # The benchmark's egress phase runs in this session too (tests/test_bench.py): its baseline's JDBC driver.
     packages = [*packages, *baseline_packages()]
-    session = build_spark(
-        "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
+    # `make install` cached every jar; a jar Maven Central served empty is fetched again, as there.
+    session = download_with_retries(
+        "Spark's package jars",
+        lambda: build_spark(
+            "tests", master="local[2]", shuffle_partitions=2, ui_enabled=False, extra_packages=packages, extra_conf=conf
+        ),
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session

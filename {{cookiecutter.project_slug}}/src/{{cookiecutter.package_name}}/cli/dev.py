@@ -261,6 +261,7 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
 
 def setup(config: Config, args: argparse.Namespace) -> int:
+    from ..bench.harness import baseline_packages
     from ..devtools.kafka_local import resolve_broker_jars
     from ..pipeline.session import s3
     from ..pipeline.session.class_archive import write_archive
@@ -269,8 +270,11 @@ def setup(config: Config, args: argparse.Namespace) -> int:
     jars = download_with_retries("Kafka broker jars", resolve_broker_jars)
     print(f"Kafka broker: {len(jars)} jars cached")
     # The jars of every storage (S3's connector too), whatever the config's lakehouse: nothing here
-    # reaches the lakehouse, so an S3 server need not run yet.
+    # reaches the lakehouse, so an S3 server need not run yet. And those of the benchmark's baselines,
+    # which the tests' sessions load too: two sessions fetching a jar into Ivy's cache at once may
+    # each find the other's empty file.
     packages, conf = s3.connector_options()
+    packages = [*packages, *baseline_packages()]
     spark = download_with_retries(
         "Spark's package jars",
         lambda: build_spark(
