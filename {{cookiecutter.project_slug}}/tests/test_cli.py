@@ -199,6 +199,16 @@ def test_produce_run_show_audit_and_checkpoints_from_the_command_line(
     report = printed["datasets"]["events"]
     assert printed["verdict"] == report["verdict"] == "clean"
     assert report["counts"]["silver_rows"] + report["counts"]["quarantine_rows"] == 80
+    assert sum(report["quarantine_by_reason"].values()) == report["counts"]["quarantine_rows"]
+
+    # Judged again under the same contract, every quarantined record stays where it is, with its reason.
+    quarantined = len(coordinates(QUARANTINE))
+    assert main(["quarantine", "replay", "--since", "1 day"]) == 0
+    assert (
+        f"events: replay 0 judged {quarantined} quarantined record(s) again: 0 moved to {SILVER}, "
+        f"{quarantined} stay in {QUARANTINE}"
+    ) in capsys.readouterr().out
+    assert len(coordinates(QUARANTINE)) == quarantined
 
     assert main(["checkpoints", "list"]) == 0
     listing = capsys.readouterr().out

@@ -5,9 +5,13 @@ the expectation or the limit is changed, then the batch lands once. What silver 
 hold is computed here from the records as they were produced."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
@@ -16,6 +20,7 @@ from conftest import fresh_topic
 from prometheus_client import REGISTRY
 from pyspark.sql.types import StringType, StructField, StructType
 
+from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
@@ -34,6 +39,9 @@ from {{ cookiecutter.package_name }}.pipeline.expectations import (
     one_of,
 )
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.quarantine_replay import replay
+from {{ cookiecutter.package_name }}.pipeline.quarantine_replay import stream_name as replay_stream
+from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.silver import parse_records
 from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
 
@@ -278,3 +286,93 @@ def landed(spark, lakehouse: Lakehouse, dataset: Dataset) -> tuple[list, list, l
         sorted((row.partition, row.offset, row.reason) for row in read(dataset.quarantine)),
         sorted((row.shop, row.event_count, row.total_sum) for row in read(dataset.gold_table(BY_SHOP))),
     )
+
+
+# --- replayed from quarantine -------------------------------------------------------------------
+
+# The rules of a replay's test: two that quarantine (a record failing both is named by the first), one that warns.
+STRICT = (
+    in_range("total_not_negative", "total", minimum=0),
+    matches("order_id_shape", "order_id", r"^o[0-9]+$"),
+    one_of("known_shop", "shop", ("north", "south"), Action.WARN),
+)
+# The first relaxed: a total down to -5 passes now.
+RELAXED = (in_range("total_not_negative", "total", minimum=-5), *STRICT[1:])
+REPLAY_ALONE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from test_expectations import RELAXED, checked
+from {{ cookiecutter.package_name }}.cli.connect import spark_session
+from {{ cookiecutter.package_name }}.pipeline.config import load_config
+from {{ cookiecutter.package_name }}.pipeline.quarantine_replay import replay
+config = load_config("local")
+print(replay(spark_session(config, "replay"), config, checked(*RELAXED)))
+"""
+
+
+def replay_alone(config, crash: str, log: Path) -> int:
+    """A quarantine replay of ``checked(*RELAXED)`` in a process of its own killed at ``crash``: its exit code."""
+    environ = {
+        "KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "LAKEHOUSE_ROOT": config.lakehouse_root,
+        CRASH_POINT_VAR: crash,
+    }
+    with log.open("w") as out:
+        return subprocess.run(
+            [sys.executable, "-c", REPLAY_ALONE, str(Path(__file__).parent)],
+            env={**os.environ, **environ},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        ).returncode
+
+
+@pytest.mark.slow
+def test_a_quarantine_replay_after_a_rule_is_relaxed_moves_exactly_what_passes_once_under_kills(
+    spark, config, orders_topic, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
+    config = config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+    lakehouse = Lakehouse(config.lakehouse_root)
+    values = [
+        order("o1", "north", "10.00"),
+        order("o2", "south", "-1.00"),  # negative: passes once relaxed
+        order("o3", "east", "-4.00"),  # negative and an unknown shop: passes once relaxed, warned
+        order("o4", "north", "-9.00"),  # too negative even then: stays
+        order("x5", "south", "-2.00"),  # negative and of the wrong shape: stays, now for its shape
+        b"{not json",  # the contract's own reason: stays
+        order("o7", "south", "2.50"),
+    ]
+    producer = Producer(client_config(config, **{"enable.idempotence": True}))
+    for value in values:
+        producer.produce(orders_topic, value, partition=0)
+    assert producer.flush(30) == 0
+    strict, relaxed = checked(*STRICT), checked(*RELAXED)
+    run_available_now(spark, config, strict.streams, strict)
+    negative = "expectation total_not_negative not met"
+    assert landed(spark, lakehouse, strict) == (
+        [(0, 0), (0, 6)],
+        [(0, 1, negative), (0, 2, negative), (0, 3, negative), (0, 4, negative), (0, 5, "value is not valid JSON")],
+        [("north", 1, Decimal("10.00")), ("south", 1, Decimal("2.50"))],
+    )
+    replayed = replay_stream(relaxed)
+
+    # Killed once silver holds what passes: quarantine still holds it too, moved and awaiting its deletion.
+    assert replay_alone(config, f"{replayed}:after_silver_commit:0", tmp_path / "first.log") == -9
+    silver, quarantine = (
+        {(row.partition, row.offset) for row in spark.read.format("delta").load(lakehouse.table(table)).collect()}
+        for table in (relaxed.silver, relaxed.quarantine)
+    )
+    assert silver == {(0, 0), (0, 1), (0, 2), (0, 6)} and quarantine == {(0, 1), (0, 2), (0, 3), (0, 4), (0, 5)}
+    # Killed again, replay 1 having deleted them and given the records that stay their reason now.
+    assert replay_alone(config, f"{replayed}:after_quarantine_commit:1", tmp_path / "second.log") == -9
+    # Run whole: nothing is left to move, and nothing moves twice.
+    done = replay(spark, config, relaxed)
+    assert (done.number, done.judged, done.moved, done.finished) == (1, 3, 0, 0)
+    run_available_now(spark, config, relaxed.streams, relaxed)
+    assert landed(spark, lakehouse, relaxed) == (
+        [(0, 0), (0, 1), (0, 2), (0, 6)],
+        [(0, 3, negative), (0, 4, "expectation order_id_shape not met"), (0, 5, "value is not valid JSON")],
+        [("east", 1, Decimal("-4.00")), ("north", 1, Decimal("10.00")), ("south", 2, Decimal("1.50"))],
+    )
+    assert run_audit(spark, config, relaxed).clean

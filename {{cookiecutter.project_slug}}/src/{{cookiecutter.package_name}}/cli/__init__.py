@@ -5,6 +5,7 @@ One module per command group, its parser and its handlers together:
 * ``streams.py``: `run`, `describe`, `show`;
 * ``audit.py``: `audit`;
 * ``checkpoints.py``: `checkpoints list`, `checkpoints reset`;
+* ``quarantine.py``: `quarantine replay`;
 * ``local_servers.py``: `kafka-local`, `registry-local` (and ``postgres_local.py``: `postgres-local`,
   with a PostgreSQL egress), and the one resolver of "local" development servers; ``s3_local.py``:
   `s3-local`;
@@ -26,10 +27,10 @@ from ..pipeline.config import ConfigError, load_config
 from ..pipeline.delta.tables import TableSchemaError
 from ..pipeline.egress import configure
 from ..pipeline.recovery.checkpoints import CheckpointError
-from . import audit, checkpoints, dev, local_servers, s3_local, schemas, streams
+from . import audit, checkpoints, dev, local_servers, quarantine, s3_local, schemas, streams
 from .exit_codes import ExitCode
 
-GROUPS = (streams, audit, checkpoints, local_servers, s3_local, schemas, dev)
+GROUPS = (streams, audit, checkpoints, quarantine, local_servers, s3_local, schemas, dev)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -92,6 +92,10 @@ def audit_command(config: Config, args: argparse.Namespace) -> int:
             print(f"  {section}")
             for key, value in getattr(report, section).items():
                 print(f"    {key:<60} {value:>10}")
+        if report.quarantine_by_reason:
+            print("  quarantine by reason")
+            for reason, count in report.quarantine_by_reason.items():
+                print(f"    {reason:<60} {count:>10}")
         cut = report.cut
         print(f"  cut: table versions {cut['table_versions']}; stream batches {cut['batches']}")
         print(f"    kafka range [first, end) per partition: {cut['kafka_range'] or 'none read by bronze yet'}")

@@ -152,6 +152,14 @@ class Refusal(Enum):
         way_out="stop them, then {switch}: it lets them finish what they read, ends their "
         'checkpoints and starts the {mode} streams exactly where they stopped; set `pipeline.mode = "{mode}"`.',
     )
+    REPLAY_FUSED = Entry(
+        title="A quarantine replay of a dataset the fused stream carries",
+        happened="`quarantine replay` was run while the dataset runs in the fused mode",
+        found="the fused stream carries dataset {dataset} on (checkpoint {checkpoint}): it aggregates gold from "
+        "each batch it reads from Kafka, not from silver, so records moved into silver would never reach gold.",
+        way_out="stop it, then {layered}, run the replay and the layered streams (gold takes the moved records "
+        "from silver), and {fused} to go back.",
+    )
     METADATA_UNREADABLE = Entry(
         title="Empty or edited checkpoint metadata",
         happened="the first start died while writing the checkpoint's metadata file, or it was edited",

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from ..bronze import with_topic_ids
 from ..config import Config, duration_seconds
-from ..contract import WINDOW_START, Contract
+from ..contract import WINDOW_START, Contract, quarantine_label_column
 from ..dataset import Aggregate, AggregateKind, Dataset, Gold
 from ..datasets import config_of
 from ..datasets.events import DATASET as EVENTS_DATASET
@@ -63,6 +63,8 @@ class AuditReport:
     errors: dict[str, int] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
     cut: dict = field(default_factory=dict)
+    # The quarantined records of the cut by their reason's label (``contract.quarantine_label``).
+    quarantine_by_reason: dict[str, int] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -74,6 +76,7 @@ class AuditReport:
             "counts": self.counts,
             "errors": self.errors,
             "warnings": self.warnings,
+            "quarantine_by_reason": self.quarantine_by_reason,
             "cut": self.cut,
         }
 
@@ -164,6 +167,7 @@ def run_audit(
         kafka_log_start=cut.kafka_log_start,
     )
     report.cut = cut.as_dict()
+    report.quarantine_by_reason = quarantine_reasons(quarantine)
     # A compacted topic removes a record once a later one has its key: what it removed before bronze read
     # it is gone from Kafka and was never in bronze, so no one can count it. Named in kafka.compacted_topics,
     # or compacted once and set back (both ways out of bronze's refusal), a warning; compacted now and not
@@ -440,6 +444,19 @@ def judged_duplicates(reparsed: DataFrame, dataset: Dataset, kept_before: DataFr
     return mark_business_key_duplicates(
         reparsed, held.select(*held_columns), dataset.dedup_key, dataset.contract.event_time, horizon_s
     )
+
+
+def quarantine_reasons(quarantine: DataFrame) -> dict[str, int]:
+    """The rows of ``quarantine`` counted by their reason's label (``contract.quarantine_label``: a bounded
+    set, where reasons naming a JSON type or a record are not), most frequent first.
+
+    Example::
+
+        quarantine_reasons(quarantine)  # {"expectation total_not_negative not met": 3, ...}
+    """
+    label = quarantine_label_column(F.col("reason")).alias("label")
+    counts = quarantine.groupBy(label).count().orderBy(F.desc("count"), "label").collect()
+    return {row.label: row["count"] for row in counts}
 
 
 def _not_in(rows: DataFrame, expected: DataFrame) -> DataFrame:

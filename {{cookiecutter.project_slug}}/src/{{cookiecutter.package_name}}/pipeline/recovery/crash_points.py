@@ -21,6 +21,10 @@ and, inside a sink's own write (reached through ``reach``):
 * after_bronze_commit, after_silver_commit, after_quarantine_commit
                       the fused stream (fused.py) has committed the batch to that table;
                       its other tables' commits run beside it and may or may not be made;
+                      in a quarantine replay (quarantine_replay.py, stream ``<dataset>_replay``,
+                      the "batch id" is the replay's number), after_silver_commit: the records
+                      that pass are in silver, quarantine still holds them; after_quarantine_commit:
+                      quarantine no longer holds them, the replay has not reported;
 * between_sink_commits  silver has committed the batch, quarantine has not (silver's
                       two tables are two Delta commits); in a reset's rebuild
                       (rebuild.py, the "batch id" is the source version it reads),
@@ -53,7 +57,9 @@ AFTER_STAGING = "after_staging"
 AFTER_PRE_COMMIT = "after_pre_commit"
 EGRESS_POINTS = (AFTER_STAGING, AFTER_PRE_COMMIT)
 BETWEEN_SINK_COMMITS = "between_sink_commits"
-FUSED_POINTS = ("after_bronze_commit", "after_silver_commit", "after_quarantine_commit")
+AFTER_SILVER_COMMIT = "after_silver_commit"
+AFTER_QUARANTINE_COMMIT = "after_quarantine_commit"
+FUSED_POINTS = ("after_bronze_commit", AFTER_SILVER_COMMIT, AFTER_QUARANTINE_COMMIT)
 INNER_POINTS = (BETWEEN_SINK_COMMITS, *FUSED_POINTS, *EGRESS_POINTS)
 
 
