@@ -162,7 +162,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     formats = details["formats"]
     assert formats["records"] == TINY.format_records and formats["schema_id"] > 0
     assert {way: len(runs) for way, runs in formats["seconds"].items()} == {
-        way: TINY.format_repeats for way in ("json", "avro", "plain_avro")
+        way: TINY.format_repeats for way in ("json", "avro", "plain_avro", "json_ten_expectations")
     }
     recovery = details["recovery"]
     assert recovery["killed_run"]["killed"]

@@ -11,7 +11,9 @@ back and parses it to Spark's no-op sink, the three ways in turn, ``Sizes.format
 * Avro: silver's own ``parse_records``: the batch's schema ids asked of the registry (a small job), each
   record read with its writer schema resolved into the contract, then the rules on values;
 * plain Avro: ``from_avro`` of the body with the one schema, as a user without a registry writes it: no
-  wire format checked, no resolution, no quarantine.
+  wire format checked, no resolution, no quarantine;
+* JSON with ten expectations: silver's ``parse_records`` of the JSON with ten expectations every record
+  meets (``ten_expectations``), against the JSON parse without: what a team's rules cost silver.
 """
 
 from __future__ import annotations
@@ -28,12 +30,40 @@ from ..devtools.registry_local import LocalRegistry
 from ..devtools.sample import contract_records
 from ..pipeline.contract import Kind
 from ..pipeline.datasets import DATASETS
+from ..pipeline.expectations import Expectation, condition, in_range, matches, not_after, not_null
 from ..pipeline.formats import Format, wire
 from ..pipeline.formats.avro import reader_schema
 from ..pipeline.formats.registry import WriterSchemas
 from .harness import Bench, say
 
-WAYS = ("json", "avro", "plain_avro")
+WAYS = ("json", "avro", "plain_avro", "json_ten_expectations")
+# Beyond any value a sample record's number field holds (the contract's precision is at most 38 digits).
+NUMBER_BOUND = 10**18
+
+
+def ten_expectations(contract) -> tuple[Expectation, ...]:
+    """Ten expectations over ``contract``'s fields that every valid record drawn from it meets, of the kinds
+    a team declares: a pattern for each string (Java regex), a range for each number, an event time not
+    far ahead of Kafka's, then each field present, then conditions, until there are ten.
+
+    Example::
+
+        ten_expectations(DATASETS[0].contract)  # (matches("event_id_shape", ...), ...)
+    """
+    by_kind = []
+    for field in contract.fields:
+        if field.kind is Kind.STRING:
+            by_kind.append(matches(f"{field.name}_shape", field.name, r"^[^\x00]+$"))
+        elif field.kind is Kind.TIMESTAMP:
+            by_kind.append(not_after(f"{field.name}_not_ahead", field.name, "3650 days"))
+        elif field.kind in (Kind.DECIMAL, Kind.INTEGER, Kind.LONG):
+            by_kind.append(in_range(f"{field.name}_bounded", field.name, -NUMBER_BOUND, NUMBER_BOUND))
+    present = [not_null(f"{field.name}_present", field.name) for field in contract.fields]
+    first = contract.fields[0].name
+    padding = [
+        condition(f"rule_{number}", f"length(cast({first} AS STRING)) + {number} > 0") for number in range(1, 11)
+    ]
+    return tuple([*by_kind, *present, *padding][:10])
 
 
 def avro_record(contract, value: bytes) -> dict:
@@ -61,6 +91,7 @@ def measure(bench: Bench) -> None:
     spark, sizes = bench.spark, bench.sizes
     dataset = DATASETS[0]
     avro_dataset = dataclasses.replace(dataset, format=Format.AVRO)
+    ruled_dataset = dataclasses.replace(dataset, format=Format.JSON, expectations=ten_expectations(dataset.contract))
     registry = LocalRegistry(bench.work / "registry")
     url = registry.start()
     try:
@@ -82,16 +113,20 @@ def measure(bench: Bench) -> None:
         for name, values in rows.items():
             paths[name] = str(bench.work / f"formats-{name}")
             frame = spark.createDataFrame(values, "topic string, partition int, offset long, value binary")
+            # Kafka's timestamp, which an expectation may read: a minute before now, as a recent record's.
+            frame = frame.withColumn("timestamp", F.current_timestamp() - F.expr("INTERVAL 1 MINUTE"))
             frame.repartition(2).write.mode("overwrite").parquet(paths[name])
         del rows
         writers = WriterSchemas(url)
         body = wire.body(F.col("value"))
 
         def run(way: str) -> float:
-            source = spark.read.parquet(paths["json" if way == "json" else "avro"])
+            source = spark.read.parquet(paths["json" if way.startswith("json") else "avro"])
             started = time.perf_counter()
             if way == "json":
                 parsed = parse_events(source, dataset.contract)
+            elif way == "json_ten_expectations":
+                parsed = parse_records(source, ruled_dataset)
             elif way == "avro":
                 parsed = parse_records(source, avro_dataset, writers)
             else:
@@ -115,6 +150,12 @@ def measure(bench: Bench) -> None:
         "format_avro_vs_plain",
         "Avro through the registry / plain from_avro (records/s)",
         rates["avro"] / rates["plain_avro"],
+        "ratio",
+    )
+    bench.add(
+        "expectations_ten_vs_none",
+        "silver parse, JSON: with ten expectations / without (records/s)",
+        rates["json_ten_expectations"] / rates["json"],
         "ratio",
     )
     bench.details["formats"] = {"records": sizes.format_records, "seconds": seconds, "schema_id": schema_id}

@@ -97,6 +97,7 @@ METRIC_KEYS = (
     "format_plain_avro_rps",
     "format_avro_vs_json",
     "format_avro_vs_plain",
+    "expectations_ten_vs_none",
     "bronze_one_record_batch_ms",
     "bronze_steady_batch_ms",
     "bronze_fixed_overhead",

@@ -39,6 +39,7 @@ from .contract import quarantine_label_column
 from .dataset import Dataset
 from .delta.tables import (
     KAFKA_KEY_COLUMNS,
+    KAFKA_PARTITION_COLUMNS,
     Lakehouse,
     latest_snapshot,
     read_properties,
@@ -247,7 +248,9 @@ def _move(
         refuse_failed(f"[{stream}] replay {number} of {dataset.quarantine}", judged, dataset.expectations)
     records, rejected = sum(row.records for row in judged), sum(row.rejected for row in judged)
     if rejected < records:
-        append_idempotent(valid_events(parsed, dataset.contract), silver_path, app_id(dataset), number)
+        # One file per Kafka partition, as silver's own appends write.
+        moved = valid_events(parsed, dataset.contract).repartition(*KAFKA_PARTITION_COLUMNS)
+        append_idempotent(moved, silver_path, app_id(dataset), number)
     reach(stream, AFTER_SILVER_COMMIT, number)
     now_held = _held_by_silver(spark, silver_path, ranges).withColumn("_moved", F.lit(True))
     still = quarantined_records(parsed).select(*KAFKA_KEY_COLUMNS, F.col("reason").alias("_reason_now"))
