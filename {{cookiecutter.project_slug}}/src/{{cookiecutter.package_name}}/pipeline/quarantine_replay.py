@@ -59,6 +59,7 @@ from .silver import (
     offset_range_predicate,
     parse_records,
     quarantined_records,
+    reason_counts,
     schemas_for,
     valid_events,
     without_duplicates,
@@ -78,8 +79,6 @@ QUARANTINE_AS_BRONZE = {
     "ingest_time": "ingest_time",
 }
 APPEND_ONLY = "delta.appendOnly"
-# The column the selected records keep their quarantine reason in while they are judged again.
-REASON_BEFORE = "_reason_before"
 
 
 def app_id(dataset: Dataset) -> str:
@@ -141,7 +140,8 @@ class Selection:
 @dataclass(frozen=True)
 class Replayed:
     """What one replay did: its number, the records it judged, those it moved to silver, those a replay
-    killed before had moved and it removed from quarantine, and those that stay, by their reason now."""
+    killed before had moved and it removed from quarantine, and those that stay, by their reason's label now
+    (``silver.reason_counts``)."""
 
     dataset: str
     number: int | None
@@ -214,10 +214,7 @@ def _replay(
         number = 0 if last is None else last + 1
         moved_before = _held_by_silver(spark, silver_path, ranges)
         pending = selected.join(moved_before, list(KAFKA_KEY_COLUMNS), "left_anti")
-        as_bronze = pending.select(
-            *[F.col(column).alias(name) for name, column in QUARANTINE_AS_BRONZE.items()],
-            F.col("reason").alias(REASON_BEFORE),
-        )
+        as_bronze = pending.select(*[F.col(column).alias(name) for name, column in QUARANTINE_AS_BRONZE.items()])
         parsed = parse_records(as_bronze, dataset, schemas_for(config, dataset))
         if dataset.dedup_key:
             parsed = without_duplicates(parsed, silver_path, dataset)
@@ -279,10 +276,7 @@ def _move(
     retry_conflicts(merge, f"{quarantine_path} replay {number}")
     set_properties(spark, quarantine_path, {APPEND_ONLY: "true"})
     reach(stream, AFTER_QUARANTINE_COMMIT, number)
-    staying = {
-        row.reason: row["count"]
-        for row in parsed.where(F.col("reason").isNotNull()).groupBy("reason").count().collect()
-    }
+    staying = reason_counts(parsed) if rejected else {}
     return Replayed(dataset.name, number, records, records - rejected, finished, staying)
 
 
