@@ -399,6 +399,15 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen
     # The orders the sample sent again, and the malformed ones, went to quarantine; the audit judged them again.
     orders_report = demo[demo.index("\ndataset orders\n") :]
     assert int(re.search(r"^    quarantine_rows +(\d+)$", orders_report, re.MULTILINE).group(1)) > 0
+    # The orders' expectations, one of each action: the quarantining one names its records' reason, in the
+    # audit and on the metrics endpoint; the warning one's records stay in silver, counted there.
+    assert re.search(r"^    expectation total_positive not met +[1-9]\d*$", orders_report, re.MULTILINE), orders_report
+    unmet = {"stream": "orders_silver", "reason": "expectation total_positive not met"}
+    assert (scrapes.value("lakehouse_quarantined_records_total", **unmet) or 0) > 0, scrapes.last
+    warned = {"stream": "orders_silver", "expectation": "large_total"}
+    assert (scrapes.value("lakehouse_expectation_failures_total", **warned) or 0) > 0, scrapes.last
+    failing = {"stream": "orders_silver", "expectation": "ordered_at_not_ahead"}
+    assert scrapes.value("lakehouse_expectation_failures_total", **failing) == 0, scrapes.last
     assert re.search(r"^  events: clean$", demo, re.MULTILINE) and re.search(r"^  orders: clean$", demo, re.MULTILINE)
     assert "audit verdict: clean" in demo
     assert "metrics: http://127.0.0.1:9108/metrics" in demo

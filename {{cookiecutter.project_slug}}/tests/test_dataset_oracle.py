@@ -12,6 +12,7 @@ import pytest
 from {{ cookiecutter.package_name }}.devtools.oracle import BROKEN_PREFIX, judge_published, judge_rows, window_seconds
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
+from {{ cookiecutter.package_name }}.pipeline.expectations import Action, condition, in_range, matches, not_null, one_of
 
 CONTRACT = Contract(
     fields=(
@@ -174,3 +175,82 @@ def test_a_window_duration_is_read_in_plain_words():
     assert window_seconds("1 hour") == 3600
     with pytest.raises(ValueError, match="a number and a unit"):
         window_seconds("10m")
+
+
+# The same orders, judged by a dataset that quarantines an order under 6.00 and warns of one from a
+# customer not named in lower case: o2 (5.50) fails the first, ann and bob meet the second.
+CHECKED = Dataset(
+    "shops",
+    CONTRACT,
+    (BY_SHOP,),
+    dedup_key=("order_id",),
+    expectations=(
+        in_range("total_at_least_six", "total", minimum="6.00"),
+        matches("customer_lower_case", "customer", "^[a-z]+$", Action.WARN),
+    ),
+)
+UNMET = "expectation total_at_least_six not met"
+
+
+def checked_tables() -> dict:
+    planted = tables()
+    planted["silver"].pop()  # o2
+    planted["quarantine"].append({"topic": T, "partition": 0, "offset": 1, "value": O2, "reason": UNMET})
+    by_shop = planted["golds"]["by_shop"][0]
+    by_shop.update(event_count=1, total_sum=Decimal("10.00"), customer_distinct=1, customer_approx_distinct=1)
+    return planted
+
+
+def found_checked(planted: dict, dataset: Dataset = CHECKED, committed: list[bytes] = COMMITTED) -> dict[str, int]:
+    tables_in_order = (planted[name] for name in ("bronze", "silver", "quarantine", "golds"))
+    result = judge_rows(dataset, committed, *tables_in_order, "1 minute")
+    return {kind: count for kind, count in result.items() if count}
+
+
+def test_the_oracle_judges_a_quarantining_expectation_from_its_declaration_and_finds_nothing_when_it_held():
+    assert found_checked(checked_tables()) == {}
+
+
+def test_the_oracle_reports_a_record_failing_an_expectation_kept_in_silver_or_quarantined_for_another_reason():
+    kept = checked_tables()
+    kept["silver"].append(silver_row(1, "o2", 2, "bob", "5.50"))
+    kept["quarantine"].pop()
+    assert found_checked(kept) == {"silver": 1, "quarantine": 1}
+    mislabelled = checked_tables()
+    mislabelled["quarantine"][-1]["reason"] = "expectation customer_lower_case not met"
+    assert found_checked(mislabelled) == {"quarantine": 2}
+    # Without the expectation, the same tables lack o2 in silver and in gold.
+    assert found(checked_tables()) == {"silver": 1, "quarantine": 1, "gold": 1}
+
+
+@pytest.mark.parametrize(
+    "expectation, meets_o1, meets_o2",
+    [
+        (not_null("total_given", "total"), True, True),
+        (one_of("known_customer", "customer", ("ann",)), True, False),
+        (one_of("round_total", "total", (10, Decimal("7.25"))), True, False),
+        (matches("customer_with_n", "customer", "n"), True, False),
+        (in_range("total_up_to_eight", "total", maximum=8), False, True),
+    ],
+)
+def test_the_oracle_judges_each_built_in_rule_a_record_can_fail(expectation, meets_o1, meets_o2):
+    # o1 and o2 once each, and the broken record; a record failing the rule is in quarantine, not silver.
+    dataset = Dataset("shops", CONTRACT, (BY_SHOP,), dedup_key=("order_id",), expectations=(expectation,))
+    planted = tables()
+    planted["bronze"].pop(2)
+    planted["quarantine"].pop(0)
+    for offset, value, meets in ((0, O1, meets_o1), (1, O2, meets_o2)):
+        if not meets:
+            planted["silver"] = [row for row in planted["silver"] if row["offset"] != offset]
+            reason = f"expectation {expectation.name} not met"
+            planted["quarantine"].append(
+                {"topic": T, "partition": 0, "offset": offset, "value": value, "reason": reason}
+            )
+    planted["golds"] = {"by_shop": []}
+    assert found_checked(planted, dataset, [O1, O2, BROKEN]) == {"gold": 1}  # the planted gold is empty
+
+
+def test_the_oracle_refuses_a_quarantining_rule_it_cannot_judge_from_the_json_alone():
+    dataset = Dataset("shops", CONTRACT, (BY_SHOP,), expectations=(condition("north_only", "shop = 'north'"),))
+    with pytest.raises(ValueError, match="expectation north_only is a condition rule, which this oracle cannot judge"):
+        judge_rows(dataset, COMMITTED, [], [], [], {}, "1 minute")

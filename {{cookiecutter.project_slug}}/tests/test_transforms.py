@@ -1,6 +1,7 @@
 """The pure transforms, on static DataFrames shaped like bronze rows."""
 
 import json
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -18,16 +19,20 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from {{ cookiecutter.package_name }}.devtools.sample import contract_records
+from {{ cookiecutter.package_name }}.devtools.oracle import unmet_reason
+from {{ cookiecutter.package_name }}.devtools.sample import breakable, contract_records
 from {{ cookiecutter.package_name }}.pipeline.bronze import bronze_records, with_topic_ids
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
+from {{ cookiecutter.package_name }}.pipeline.dataset import Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA, HEADERS_TYPE, SILVER_SCHEMA
+from {{ cookiecutter.package_name }}.pipeline.expectations import Action, in_range, matches, one_of
 from {{ cookiecutter.package_name }}.pipeline.gold import window_aggregates
 from {{ cookiecutter.package_name }}.pipeline.silver import (
     first_per_kafka_record,
     parse_events,
+    parse_records,
     quarantined_records,
     valid_events,
     without_duplicates,
@@ -418,3 +423,38 @@ def test_a_datasets_sample_drawn_from_its_contract_is_valid_but_for_the_bad_and_
     valid = valid_events(parsed, dataset.contract).collect()
     assert len(valid) == len(records) - len(bad) - len(duplicates)
     assert all(row[field.name] is not None for row in valid for field in dataset.contract.fields if field.required)
+
+
+def test_silver_and_the_oracle_agree_on_which_sample_records_fail_each_expectation_and_which_fails_first(spark):
+    # Two quarantining rules a sample breaks (the first on purpose, the second by chance: one event type in
+    # four is unknown) and one that warns: silver's SQL and the oracle's Python judge them apart.
+    dataset = Dataset(
+        "checked_events",
+        EVENTS,
+        (Gold.of("windows", EVENTS),),
+        expectations=(
+            in_range("amount_positive", "amount", minimum="0.01"),
+            one_of("known_type", "event_type", ("event_type-000", "event_type-001", "event_type-002")),
+            matches("user_shape", "user_id", "^user_id-00", Action.WARN),
+        ),
+    )
+    assert breakable(dataset) is dataset.expectations[0]
+    records = list(contract_records(dataset, 400, seed=5, malformed_ratio=0.05, unexpected_ratio=0.1))
+    rows = [
+        (key, value, [], "samples", TOPIC_ID, 0, offset, KAFKA_TIME, 0, INGESTED)
+        for offset, (key, value) in enumerate(records)
+    ]
+    parsed = parse_records(bronze(spark, rows), dataset)
+    found = {row.offset: row.reason for row in parsed.select("offset", "reason").collect()}
+    by_rule = {offset: reason for offset, reason in found.items() if reason and reason.startswith("expectation ")}
+    expected = {
+        offset: unmet_reason(dataset, value)
+        for offset, (_, value) in enumerate(records)
+        if found[offset] is None or found[offset].startswith("expectation ")
+        if unmet_reason(dataset, value) is not None
+    }
+    assert by_rule == expected
+    counts = Counter(expected.values())
+    assert counts["expectation amount_positive not met"] >= 25 and counts["expectation known_type not met"] >= 60, (
+        counts
+    )

@@ -94,10 +94,13 @@ def register(commands) -> None:
 # A dataset's records that are an application-level retry of an earlier one (``contract_records``): its
 # business key then sends them to quarantine, as the demo shows.
 SAMPLE_RETRY_RATIO = 0.02
+# And about one in a hundred breaks the dataset's first quarantining expectation, where a producer can
+# break one: the demo's quarantine shows the expectation's name.
+SAMPLE_UNEXPECTED_RATIO = 0.01
 
 
 def produce_sample(config: Config, args: argparse.Namespace) -> int:
-    from ..devtools.sample import contract_records, produce, sample_records
+    from ..devtools.sample import breakable, contract_records, produce, sample_records
     from ..pipeline.datasets import DATASETS, config_of
     from ..pipeline.kafka.clients import client_config, ensure_topics
 
@@ -114,7 +117,15 @@ def produce_sample(config: Config, args: argparse.Namespace) -> int:
         if declared is DATASETS[0]:
             records = sample_records(args.count, args.seed, args.malformed_ratio)
         else:
-            records = contract_records(declared, args.count, args.seed, args.malformed_ratio, SAMPLE_RETRY_RATIO)
+            unexpected = SAMPLE_UNEXPECTED_RATIO if breakable(declared) is not None else 0.0
+            records = contract_records(
+                declared,
+                args.count,
+                args.seed,
+                args.malformed_ratio,
+                SAMPLE_RETRY_RATIO,
+                unexpected_ratio=unexpected,
+            )
         sent = produce(client_config(config), topic, records)
         print(f"produced {sent} records to {topic} ({declared.name})")
     return ExitCode.OK

@@ -39,7 +39,7 @@ from py4j.java_gateway import JavaClass
 from ..pipeline.dataset import Dataset
 from .kafka_local import partitions_with_leaders
 from .oracle import BROKEN_PREFIX, judge_dataset, judge_published
-from .sample import EVENT_TYPES, contract_records
+from .sample import EVENT_TYPES, breakable, contract_records
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
@@ -47,6 +47,9 @@ MALFORMED_PREFIX = BROKEN_PREFIX
 # The second dataset's records, per record of the first: its topic is read by the same streams' driver.
 SECOND_DATASET_SHARE = 0.4
 SECOND_RETRY_RATIO = 0.05
+# The share of the second dataset's records that break its first quarantining expectation, where a
+# producer can break one (``sample.breakable``).
+SECOND_UNEXPECTED_RATIO = 0.03
 ABORT_EVERY = 3
 KAFKA_EGRESS, POSTGRES_EGRESS = "kafka_egress", "postgres_egress"
 # The header of each record of the Kafka egress naming the stream id that published it (its output contract).
@@ -161,9 +164,18 @@ def produce_numbered(
 
 def dataset_values(dataset, run: str, seed: int) -> Iterator[bytes]:
     """Record values of ``dataset``, endless: drawn from its contract (``sample.contract_records``, some of them
-    retries of an earlier record, the same bytes again), every 17th broken (``BROKEN_PREFIX`` and an id of the
-    run). Their event times lie within ten minutes of EVENT_START."""
-    drawn = contract_records(dataset, 2**62, seed, retry_ratio=SECOND_RETRY_RATIO, start=EVENT_START, prefix=run)
+    retries of an earlier record, the same bytes again, some breaking an expectation on purpose), every 17th
+    broken (``BROKEN_PREFIX`` and an id of the run). Their event times lie within ten minutes of EVENT_START."""
+    unexpected = SECOND_UNEXPECTED_RATIO if breakable(dataset) is not None else 0.0
+    drawn = contract_records(
+        dataset,
+        2**62,
+        seed,
+        retry_ratio=SECOND_RETRY_RATIO,
+        start=EVENT_START,
+        prefix=run,
+        unexpected_ratio=unexpected,
+    )
     for number, (_, value) in enumerate(drawn, 1):
         broken = number % MALFORMED_EVERY == 0
         yield MALFORMED_PREFIX + f"{run}-{dataset.name}-{number:07d}".encode() if broken else value

@@ -3,15 +3,19 @@
 It knows the dataset only by its declaration (fields, event time, business key, golds: what a reader of
 ``datasets/<name>.py`` knows) and the records only by their bytes, as the producer committed them; it
 uses none of the pipeline's code. The producer marks the records it breaks (``BROKEN_PREFIX``), so which
-records belong in quarantine is the producer's word, not a second parser's. A business key's copies are
-the producer's retries, each the same bytes, so whichever copy silver keeps, every gold is the same.
+records belong in quarantine is the producer's word, not a second parser's. A record the contract reads
+may still fail one of the dataset's quarantining expectations: the oracle judges those from the
+declaration's own terms (an expectation's rule and arguments) in Python, not with the SQL silver runs.
+A business key's copies are the producer's retries, each the same bytes, so whichever copy silver keeps,
+every gold is the same.
 
 What it finds, by kind:
 
 * ``bronze``: a committed record bronze lacks or holds twice, or a record no one committed;
 * ``silver``: a business key silver lacks or holds twice, or a row of no committed record;
-* ``quarantine``: a broken record not quarantined, a copy quarantined without naming the kept record
-  of its key, or a record both kept and quarantined;
+* ``quarantine``: a broken record not quarantined, a record failing an expectation not quarantined
+  with its first failed expectation's name, a copy quarantined without naming the kept record of its
+  key, or a record both kept and quarantined;
 * ``gold``: per gold, a window whose aggregates differ from the committed records' (an approximate
   distinct count may differ from the exact one by its documented error).
 
@@ -33,12 +37,18 @@ from typing import TYPE_CHECKING
 
 from ..pipeline.contract import Kind
 from ..pipeline.dataset import AggregateKind, Dataset, Gold
+from ..pipeline.expectations import Action, Expectation, Rule
 
 if TYPE_CHECKING:
     from ..pipeline.delta.tables import Lakehouse
 
 BROKEN_PREFIX = b"{broken record "
 DUPLICATE_OF = "duplicate of "
+# The reason of a record quarantined by an expectation (docs/datasets.md).
+UNMET = "expectation {name} not met"
+UNMET_PREFIX = "expectation "
+# The rules a record's own JSON decides; another quarantining rule the oracle cannot judge.
+JUDGED_RULES = (Rule.NOT_NULL, Rule.IN_RANGE, Rule.ONE_OF, Rule.MATCHES)
 # An approximate distinct count is right within this share of the exact count (three standard errors of a
 # HyperLogLog sketch at lgConfigK 12), and within one value of a small count.
 APPROX_TOLERANCE = 0.05
@@ -173,6 +183,7 @@ def judge_rows(
     findings["bronze"] = sum(((held_values - expected_values) + (expected_values - held_values)).values())
 
     broken = [value for value in committed if value.startswith(BROKEN_PREFIX)]
+    unmet = Counter((value, reason) for value in committed if (reason := unmet_reason(dataset, value)) is not None)
     valid, first_of_key = _valid_records(dataset, committed)
     copies = len(valid) - len(first_of_key) if dataset.dedup_key else 0
     names = [each.name for each in dataset.contract.fields]
@@ -188,9 +199,17 @@ def judge_rows(
     findings["silver"] = sum(((held_keys - expected_keys) + (expected_keys - held_keys)).values())
 
     silver_at = {(row["topic"], row["partition"], row["offset"]): row for row in silver}
-    duplicates = [row for row in quarantine if (row["reason"] or "").startswith(DUPLICATE_OF)]
-    others = [row for row in quarantine if not (row["reason"] or "").startswith(DUPLICATE_OF)]
+    duplicates, others, failed = [], [], Counter()
+    for row in quarantine:
+        reason = row["reason"] or ""
+        if reason.startswith(DUPLICATE_OF):
+            duplicates.append(row)
+        elif reason.startswith(UNMET_PREFIX) and row["value"] is not None:
+            failed[(bytes(row["value"]), reason)] += 1
+        else:
+            others.append(row)
     findings["quarantine"] += abs(len(others) - len(broken)) + abs(len(duplicates) - copies)
+    findings["quarantine"] += sum(((failed - unmet) + (unmet - failed)).values())
     findings["quarantine"] += sum(
         1 for row in others if row["value"] is None or not bytes(row["value"]).startswith(BROKEN_PREFIX)
     )
@@ -226,12 +245,62 @@ def judge_published(dataset: Dataset, committed: list[bytes], gold: Gold, rows: 
 
 
 def _valid_records(dataset: Dataset, committed: list[bytes]) -> tuple[list[dict], dict[tuple, dict]]:
-    """The committed records not broken, parsed, and the first of each business key among them."""
-    valid = [_parsed(value) for value in committed if not value.startswith(BROKEN_PREFIX)]
+    """The committed records neither broken nor failing a quarantining expectation, parsed, and the first of
+    each business key among them (an expectation judges a record before its key is looked up)."""
+    valid = [
+        _parsed(value)
+        for value in committed
+        if not value.startswith(BROKEN_PREFIX) and unmet_reason(dataset, value) is None
+    ]
     first_of_key: dict[tuple, dict] = {}
     for record in valid:
         first_of_key.setdefault(_key(dataset, record), record)
     return valid, first_of_key
+
+
+def unmet_reason(dataset: Dataset, value: bytes) -> str | None:
+    """The quarantine reason of a record the contract reads that fails one of ``dataset``'s quarantining
+    expectations: the first it fails, in declaration order; None when it meets them all or is broken.
+
+    Example::
+
+        unmet_reason(ORDERS, b'{"order_id": "o1", ..., "total": -0.99}')  # "expectation total_positive not met"
+    """
+    if value.startswith(BROKEN_PREFIX):
+        return None
+    record = None
+    for expectation in dataset.expectations:
+        if expectation.action is not Action.QUARANTINE:
+            continue
+        if expectation.rule not in JUDGED_RULES:
+            raise ValueError(
+                f"dataset {dataset.name}: expectation {expectation.name} is a {expectation.rule} rule, which this "
+                f"oracle cannot judge from a record's JSON alone ({', '.join(JUDGED_RULES)} it can)"
+            )
+        record = record if record is not None else _parsed(value)
+        if not _meets(expectation, record.get(expectation.argument("field"))):
+            return UNMET.format(name=expectation.name)
+    return None
+
+
+def _meets(expectation: Expectation, value) -> bool:
+    """Whether a field's JSON ``value`` meets ``expectation``; an absent value meets all but NOT_NULL, as an
+    SQL condition that is NULL does."""
+    if expectation.rule is Rule.NOT_NULL:
+        return value is not None
+    if value is None:
+        return True
+    if expectation.rule is Rule.MATCHES:
+        # Python's regular expressions read the simple patterns of an example as Java's do.
+        return re.search(expectation.argument("pattern"), value) is not None
+    if expectation.rule is Rule.ONE_OF:
+        allowed = expectation.argument("values")
+        if isinstance(allowed[0], str | bool):
+            return value in allowed
+        return Decimal(str(value)) in {Decimal(str(each)) for each in allowed}
+    number = Decimal(str(value))
+    minimum, maximum = expectation.argument("minimum"), expectation.argument("maximum")
+    return (minimum is None or number >= minimum) and (maximum is None or number <= maximum)
 
 
 def _kept(dataset: Dataset, valid: list[dict], first_of_key: dict[tuple, dict]) -> list[dict]:

@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 
 from ..pipeline.contract import Contract, Field, Kind
 from ..pipeline.dataset import Dataset
+from ..pipeline.expectations import Action, Expectation, Rule
 
 EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 # One of each way a record can be bad; the silver layer must quarantine every one.
@@ -55,6 +56,7 @@ def contract_records(
     retry_ratio: float = 0.0,
     start: datetime | None = None,
     prefix: str | None = None,
+    unexpected_ratio: float = 0.0,
 ) -> Iterator[Record]:
     """``count`` records of ``dataset``, their values drawn from its contract, reproducible for a seed.
 
@@ -63,7 +65,10 @@ def contract_records(
     ``start``, a decimal that fits its precision and scale written as a JSON number, an optional field left
     out now and then. About ``malformed_ratio`` of the records are bad in one of the ways silver quarantines
     (not JSON, not an object, a required field missing, a field of the wrong kind, not UTF-8, no value), and
-    about ``retry_ratio`` are an application-level retry: an earlier record's key and value sent again.
+    about ``retry_ratio`` are an application-level retry: an earlier record's key and value sent again. About
+    ``unexpected_ratio`` are records the contract reads that break the dataset's first quarantining
+    expectation a producer can break from its declaration (``breakable``): a number out of its range, a
+    value out of its set, an optional field left out.
 
     Example::
 
@@ -71,9 +76,17 @@ def contract_records(
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
-    for name, ratio in (("malformed_ratio", malformed_ratio), ("retry_ratio", retry_ratio)):
+    ratios = (
+        ("malformed_ratio", malformed_ratio),
+        ("retry_ratio", retry_ratio),
+        ("unexpected_ratio", unexpected_ratio),
+    )
+    for name, ratio in ratios:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"{name} must be between 0 and 1, got {ratio}")
+    broken_rule = breakable(dataset) if unexpected_ratio else None
+    if unexpected_ratio and broken_rule is None:
+        raise ValueError(f"dataset {dataset.name} has no quarantining expectation a producer can break on purpose")
     rng = random.Random(seed)
     start = start or datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
     prefix = prefix or f"{dataset.name}-{seed}"
@@ -93,9 +106,52 @@ def contract_records(
         if rng.random() < malformed_ratio:
             yield key, _malformed(contract, values, index)
             continue
+        if broken_rule is not None and rng.random() < unexpected_ratio:
+            yield key, _json_object(_breaking(broken_rule, dataset, values))
+            continue
         record = (key, _json_object(values))
         sent.append(record)
         yield record
+
+
+def breakable(dataset: Dataset) -> Expectation | None:
+    """The first of ``dataset``'s quarantining expectations a record of its contract can break on purpose:
+    a range, a set of strings or numbers, an optional field's presence. None when it has none.
+
+    Example::
+
+        breakable(ORDERS_DATASET).name  # "total_positive"
+    """
+    for expectation in dataset.expectations:
+        if expectation.action is not Action.QUARANTINE:
+            continue
+        if expectation.rule is Rule.IN_RANGE:
+            return expectation
+        if expectation.rule is Rule.ONE_OF and not isinstance(expectation.argument("values")[0], bool):
+            return expectation
+        if expectation.rule is Rule.NOT_NULL and not dataset.contract.field(expectation.argument("field")).required:
+            return expectation
+    return None
+
+
+def _breaking(expectation: Expectation, dataset: Dataset, values: dict) -> dict:
+    """``values`` with ``expectation``'s field changed so that the record fails it, still of its kind."""
+    name = expectation.argument("field")
+    if expectation.rule is Rule.NOT_NULL:
+        return {key: value for key, value in values.items() if key != name}
+    field = dataset.contract.field(name)
+    if expectation.rule is Rule.ONE_OF:
+        allowed = expectation.argument("values")
+        outside = f"{name}-unexpected" if isinstance(allowed[0], str) else max(Decimal(each) for each in allowed) + 1
+    elif expectation.argument("minimum") is not None:
+        outside = expectation.argument("minimum") - 1
+    else:
+        outside = expectation.argument("maximum") + 1
+    if field.kind is Kind.DECIMAL:
+        outside = Decimal(outside).quantize(Decimal(1).scaleb(-field.scale))
+    elif field.kind in (Kind.INTEGER, Kind.LONG):
+        outside = int(outside)
+    return dict(values, **{name: outside})
 
 
 def _sample_value(field: Field, index: int, rng: random.Random, start: datetime, prefix: str, dataset: Dataset):

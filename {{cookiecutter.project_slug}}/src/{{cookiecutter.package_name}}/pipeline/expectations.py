@@ -87,13 +87,26 @@ class Action(StrEnum):
     FAIL = "fail"  # the batch is not committed: the stream stops
 
 
+class Rule(StrEnum):
+    """Which function built an expectation: what its ``arguments`` are."""
+
+    NOT_NULL = "not_null"  # field
+    IN_RANGE = "in_range"  # field, minimum, maximum (Decimal or None)
+    ONE_OF = "one_of"  # field, values
+    MATCHES = "matches"  # field, pattern
+    NOT_AFTER = "not_after"  # field, ahead (a duration)
+    CONDITION = "condition"  # sql
+
+
 @dataclass(frozen=True)
 class Expectation:
     """A condition a record of the dataset meets, in Spark SQL over silver's columns, and what failing it does.
 
     ``fields`` are the contract fields a built-in kind reads (checked against the contract when the
     dataset is declared); ``checks`` are SQL expressions evaluated once at a stream's start, that fail
-    when the expectation cannot run (a pattern Java cannot compile). Build one with the functions below.
+    when the expectation cannot run (a pattern Java cannot compile). ``rule`` and ``arguments`` say what
+    was declared, in the declaration's own terms, for a reader other than Spark (a test's oracle, a
+    producer that breaks the rule on purpose). Build one with the functions below.
     """
 
     name: str
@@ -103,6 +116,9 @@ class Expectation:
     # The kinds each of ``fields`` may have; empty for any.
     kinds: frozenset[Kind] = frozenset()
     checks: tuple[str, ...] = ()
+    rule: Rule = Rule.CONDITION
+    # (name, value) pairs: the arguments the function that built it took, other than name and action.
+    arguments: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
@@ -128,6 +144,18 @@ class Expectation:
                 raise ValueError(f"expectation {self.name}: {attribute} must be a sequence, not a string")
             object.__setattr__(self, attribute, tuple(getattr(self, attribute)))
         object.__setattr__(self, "kinds", frozenset(self.kinds))
+        if not isinstance(self.rule, Rule):
+            raise ValueError(f"expectation {self.name}: rule must be a Rule ({', '.join(Rule)})")
+        object.__setattr__(self, "arguments", tuple(tuple(pair) for pair in self.arguments))
+
+    def argument(self, name: str):
+        """The value the function that built this expectation took as ``name`` (KeyError when it took none).
+
+        Example::
+
+            in_range("total_positive", "total", minimum="0.01").argument("minimum")  # Decimal('0.01')
+        """
+        return dict(self.arguments)[name]
 
     @property
     def reason(self) -> str:
@@ -157,7 +185,9 @@ def not_null(name: str, field: str, action: Action = Action.QUARANTINE) -> Expec
 
         not_null("coupon_given", "coupon", Action.WARN)
     """
-    return Expectation(name, f"{_column(field)} IS NOT NULL", action, (field,))
+    return Expectation(
+        name, f"{_column(field)} IS NOT NULL", action, (field,), rule=Rule.NOT_NULL, arguments=(("field", field),)
+    )
 
 
 def in_range(
@@ -181,7 +211,10 @@ def in_range(
     column = _column(field)
     limits = zip((">=", "<="), bounds, strict=True)
     parts = [f"{column} {operator} {format(bound, 'f')}" for operator, bound in limits if bound is not None]
-    return Expectation(name, " AND ".join(parts), action, (field,), NUMERIC_KINDS)
+    arguments = (("field", field), ("minimum", bounds[0]), ("maximum", bounds[1]))
+    return Expectation(
+        name, " AND ".join(parts), action, (field,), NUMERIC_KINDS, rule=Rule.IN_RANGE, arguments=arguments
+    )
 
 
 def one_of(name: str, field: str, values, action: Action = Action.QUARANTINE) -> Expectation:
@@ -199,7 +232,9 @@ def one_of(name: str, field: str, values, action: Action = Action.QUARANTINE) ->
     if len(kinds) > 1:
         raise ValueError(f"expectation {name}: the values of one_of must all be strings, all numbers or all booleans")
     literals = ", ".join(_literal(name, value) for value in values)
-    return Expectation(name, f"{_column(field)} IN ({literals})", action, (field,), kinds.pop())
+    arguments = (("field", field), ("values", values))
+    sql = f"{_column(field)} IN ({literals})"
+    return Expectation(name, sql, action, (field,), kinds.pop(), rule=Rule.ONE_OF, arguments=arguments)
 
 
 def matches(name: str, field: str, pattern: str, action: Action = Action.QUARANTINE) -> Expectation:
@@ -220,6 +255,8 @@ def matches(name: str, field: str, pattern: str, action: Action = Action.QUARANT
         (field,),
         frozenset({Kind.STRING}),
         (f"regexp_like('', {literal})",),
+        Rule.MATCHES,
+        (("field", field), ("pattern", pattern)),
     )
 
 
@@ -235,7 +272,10 @@ def not_after(name: str, field: str, ahead: str, action: Action = Action.QUARANT
     # In microseconds since the epoch: a difference of two timestamps fits a BIGINT at every instant
     # Spark holds, where a timestamp plus an interval overflows at the calendar's end.
     sql = f"unix_micros({_column(field)}) - unix_micros({KAFKA_TIMESTAMP}) <= {seconds * 1_000_000}"
-    return Expectation(name, sql, action, (field,), frozenset({Kind.TIMESTAMP}))
+    arguments = (("field", field), ("ahead", ahead))
+    return Expectation(
+        name, sql, action, (field,), frozenset({Kind.TIMESTAMP}), rule=Rule.NOT_AFTER, arguments=arguments
+    )
 
 
 def condition(name: str, sql: str, action: Action = Action.QUARANTINE) -> Expectation:
@@ -246,7 +286,7 @@ def condition(name: str, sql: str, action: Action = Action.QUARANTINE) -> Expect
 
         condition("refund_names_an_order", "event_type <> 'refund' OR order_id IS NOT NULL", Action.FAIL)
     """
-    return Expectation(name, sql, action)
+    return Expectation(name, sql, action, rule=Rule.CONDITION, arguments=(("sql", sql),))
 
 
 def check_expectations(

@@ -6,6 +6,13 @@ record's value is a JSON object {"order_id", "ordered_at" (ISO-8601 with offset)
 new Kafka record: silver keeps the first record of each ``order_id`` within a day of event time and
 quarantines the others as ``duplicate of <topic>/<partition>/<offset>``.
 
+Its expectations, one of each action (``pipeline/expectations.py``): an order whose total is not
+positive goes to quarantine as ``expectation total_positive not met``; an order over 90,000 stays in
+silver and is counted (``large_total``); an order time more than a day after Kafka took the record (a
+producer's clock set ahead) stops the stream before its batch is committed (``ordered_at_not_ahead``).
+A batch of 1,000 orders or more of which over a quarter would go to quarantine, for any reason, is
+not committed either: a producer gone wrong.
+
 Gold ``by_shop`` counts the orders of each shop per 10 minutes, with their total, the largest order,
 and the customers who ordered, exactly and as a HyperLogLog estimate; gold ``hourly`` counts all
 orders per hour, with the smallest order and the estimated customers. Tables ``bronze_orders``,
@@ -16,6 +23,7 @@ streams ``orders_bronze``, ``orders_silver``, ``orders_gold_by_shop``, ``orders_
 
 from ..contract import Contract, Field, Kind
 from ..dataset import Aggregate, AggregateKind, Dataset, Gold
+from ..expectations import Action, QuarantineLimit, in_range, not_after
 
 ORDERS = Contract(
     fields=(
@@ -59,4 +67,10 @@ DATASET = Dataset(
     ),
     dedup_key=("order_id",),
     dedup_horizon="1 day",
+    expectations=(
+        in_range("total_positive", "total", minimum="0.01"),
+        in_range("large_total", "total", maximum=90000, action=Action.WARN),
+        not_after("ordered_at_not_ahead", "ordered_at", "1 day", Action.FAIL),
+    ),
+    quarantine_limit=QuarantineLimit(share=0.25),
 )
