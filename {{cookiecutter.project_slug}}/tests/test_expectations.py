@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -19,9 +20,10 @@ from confluent_kafka import Producer
 from conftest import fresh_topic
 from prometheus_client import REGISTRY
 from pyspark.sql.types import StringType, StructField, StructType
+from test_checkpoints import foreign_lease
 
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
-from {{ cookiecutter.package_name }}.pipeline.config import ConfigError
+from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, Mode
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import BRONZE_SCHEMA, Lakehouse, silver_schema, with_downstream
@@ -41,9 +43,11 @@ from {{ cookiecutter.package_name }}.pipeline.expectations import (
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
 from {{ cookiecutter.package_name }}.pipeline.quarantine_replay import replay
 from {{ cookiecutter.package_name }}.pipeline.quarantine_replay import stream_name as replay_stream
+from {{ cookiecutter.package_name }}.pipeline.recovery import lease
+from {{ cookiecutter.package_name }}.pipeline.recovery.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import CRASH_POINT_VAR
 from {{ cookiecutter.package_name }}.pipeline.silver import parse_records
-from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now
+from {{ cookiecutter.package_name }}.pipeline.streams import reset, run_available_now, switch_command, switch_mode
 
 CONTRACT = Contract(
     fields=(
@@ -376,3 +380,56 @@ def test_a_quarantine_replay_after_a_rule_is_relaxed_moves_exactly_what_passes_o
         [("east", 1, Decimal("-4.00")), ("north", 1, Decimal("10.00")), ("south", 2, Decimal("1.50"))],
     )
     assert run_audit(spark, config, relaxed).clean
+
+
+@pytest.mark.slow
+def test_a_replay_refused_while_silver_runs_or_the_fused_stream_carries_it_lands_once_by_each_way_out(
+    spark, config, orders_topic, monkeypatch
+):
+    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
+    config = config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+    lakehouse = Lakehouse(config.lakehouse_root)
+    producer = Producer(client_config(config, **{"enable.idempotence": True}))
+    for value in (order("o1", "north", "10.00"), order("o2", "south", "-1.00"), order("o3", "north", "-9.00")):
+        producer.produce(orders_topic, value, partition=0)
+    assert producer.flush(30) == 0
+    strict, relaxed = checked(*STRICT), checked(*RELAXED)
+    negative = "expectation total_not_negative not met"
+    run_available_now(spark, config.model_copy(update={"mode": Mode.FUSED}), None, strict)
+    before = landed(spark, lakehouse, strict)
+    assert before == ([(0, 0)], [(0, 1, negative), (0, 2, negative)], [("north", 1, Decimal("10.00"))])
+
+    # The fused stream aggregates gold from Kafka, not from silver: the replay refuses, naming the way out.
+    with pytest.raises(CheckpointError) as refused:
+        replay(spark, config, relaxed)
+    message = str(refused.value)
+    assert "the fused stream carries dataset checked_orders" in message, message
+    layered, fused = switch_command(Mode.LAYERED, relaxed), switch_command(Mode.FUSED, relaxed)
+    assert f"`{layered}`" in message and f"`{fused}`" in message, message
+    assert landed(spark, lakehouse, relaxed) == before
+    switch_mode(spark, config, Mode.LAYERED, relaxed)
+
+    # A silver stream that runs (its lease held by a live process elsewhere): refused, and once it stops,
+    # the replay goes on.
+    silver = relaxed.stream("silver")
+    taken = [int(name.name) for name in Path(lease.lease_directory(lakehouse, silver)).glob("[0-9]*")]
+    foreign_lease(Path(lease.lease_path(lakehouse, silver, max(taken, default=0) + 1)), int(time.time() * 1000))
+    with pytest.raises(lease.LeaseHeld, match="Then run `quarantine replay --dataset checked_orders` again"):
+        replay(spark, config, relaxed)
+    assert landed(spark, lakehouse, relaxed) == before
+    time.sleep(3.5)  # the foreign lease's ttl: its holder stopped renewing
+    done = replay(spark, config, relaxed)
+    assert (done.judged, done.moved) == (2, 1)
+
+    # The layered streams carry the moved record to gold; back in the fused mode, new records land too.
+    run_available_now(spark, config, None, relaxed)
+    switch_mode(spark, config, Mode.FUSED, relaxed)
+    producer.produce(orders_topic, order("o4", "south", "3.00"), partition=0)
+    assert producer.flush(30) == 0
+    run_available_now(spark, config.model_copy(update={"mode": Mode.FUSED}), None, relaxed)
+    assert landed(spark, lakehouse, relaxed) == (
+        [(0, 0), (0, 1), (0, 3)],
+        [(0, 2, negative)],
+        [("north", 1, Decimal("10.00")), ("south", 2, Decimal("2.00"))],
+    )
+    assert run_audit(spark, config.model_copy(update={"mode": Mode.FUSED}), relaxed).clean

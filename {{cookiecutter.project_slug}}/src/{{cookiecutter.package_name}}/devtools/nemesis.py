@@ -50,11 +50,13 @@ what the world does to them:
 
 Where the project has a second dataset (``datasets/``), it runs beside the first from a topic of its own:
 one ``produce`` in three also commits or aborts a transaction of its records (drawn from its contract,
-retries of a record among them, every 17th broken), and every ``crash`` also kills one of its
-streams at a crash point (its silver between its two commits and its fused stream between its commits
-too); every run of a layer or of ``all`` runs its streams too, and each drain judges its tables with its
-own oracle (``oracle.py``) and audits it. Its draws come after the first dataset's in each action, so
-the first dataset's part of a schedule is the same with it or without it. The faults on storage and
+retries of a record among them, some breaking an expectation, every 17th broken), and every ``crash``
+also kills one of its streams at a crash point (its silver between its two commits and its fused stream
+between its commits too) or, in the layered mode, its ``quarantine replay`` at one of the replay's
+crash points, then replays whole: with the expectations unchanged, nothing may move; every run of a
+layer or of ``all`` runs its streams too, and each drain judges its tables with its own oracle
+(``oracle.py``) and audits it. Its draws come after the first dataset's in each action, so the first
+dataset's part of an action is the same with it or without it. The faults on storage and
 on the broker's topics stay with the first dataset.
 
 In the fused mode (``pipeline.mode``, ``PIPELINE_MODE=fused``) the one fused stream stands for the three
@@ -934,12 +936,15 @@ class Nemesis:
         """One of the second dataset's streams killed at a crash point of its next batch, records made ready
         for it first: its topic gets a transaction aborted and one committed, and the streams above it run."""
         from ..pipeline.delta.tables import dataset_streams, fused_stream
+        from ..pipeline.quarantine_replay import stream_name as replay_stream
         from ..pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, FUSED_POINTS, POINTS
 
         second = self.second
         if self.layers == STREAMS:
             streams = dataset_streams(second)
-            stream = self.rng.choice(list(streams))
+            stream = self.rng.choice([*streams, replay_stream(second)])
+            if stream == replay_stream(second):
+                return self._replay_second()
             layer = streams[stream].layer.value
         else:
             stream, layer = fused_stream(second).name, FUSED_STREAM
@@ -958,6 +963,39 @@ class Nemesis:
         if code not in (0, -signal.SIGKILL):
             self.expect_ok(f"run --layer {layer} --dataset {second.name} with a crash point", code, output)
         return f"{where} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
+
+    def _replay_second(self) -> str:
+        """The second dataset's quarantine judged again (``quarantine replay``) in a process killed at one of
+        the replay's crash points, records made ready for it first, then in one that runs whole and must
+        finish what the killed one began. Its expectations are the same as when the records were
+        quarantined, so no record may move to silver: one that does is an anomaly."""
+        from ..pipeline.quarantine_replay import app_id, stream_name
+        from ..pipeline.recovery.crash_points import AFTER_QUARANTINE_COMMIT, AFTER_SILVER_COMMIT
+        from ..pipeline.recovery.sink_progress import last_tagged_batch
+
+        second = self.second
+        point = self.rng.choice((AFTER_SILVER_COMMIT, AFTER_QUARANTINE_COMMIT))
+        self._produce_second(False, self.rng.randint(1, self.records_per_transaction))
+        self._produce_second(True, self.rng.randint(1, self.records_per_transaction))
+        for layer in ("bronze", "silver"):
+            code, output = self._run(["run", "--layer", layer, "--dataset", second.name, "--available-now"], None)
+            self.expect_ok(f"run --layer {layer} --dataset {second.name}", code, output)
+        silver = latest_snapshot(self.spark, Lakehouse(self.config.lakehouse_root).table(second.silver))
+        last = last_tagged_batch(silver, app_id(second))
+        where = f"{stream_name(second)}:{point}:{0 if last is None else last + 1}"
+        replay = ["quarantine", "replay", "--dataset", second.name]
+        code, output = self._run(replay, {"PIPELINE_CRASH_POINT": where})
+        if code not in (0, -signal.SIGKILL):
+            self.expect_ok(f"quarantine replay --dataset {second.name} with a crash point", code, output)
+        killed = "killed" if code == -signal.SIGKILL else f"exit {code}"
+        code, output = self._run(replay, None)
+        self.expect_ok(f"quarantine replay --dataset {second.name}", code, output)
+        summary = re.search(rf"^{second.name}: (?:replay|no record).*$", output, re.MULTILINE)
+        moved = re.search(r" (\d+) moved to ", summary.group(0)) if summary else None
+        if summary is None or (moved is not None and int(moved.group(1))):
+            self.report.anomalies["replay_moved_records_its_expectations_refuse"] += 1
+            self.report.findings.append(f"quarantine replay --dataset {second.name}: {_last_lines(output, 3)}")
+        return f"{where} {killed}, then whole: {summary.group(0) if summary else 'no summary'}"
 
     def freeze(self) -> str:
         from ..pipeline.recovery.crash_points import BEFORE_SINK_COMMIT
