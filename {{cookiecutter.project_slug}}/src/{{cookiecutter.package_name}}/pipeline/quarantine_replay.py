@@ -251,11 +251,13 @@ def _move(
     reach(stream, AFTER_SILVER_COMMIT, number)
     now_held = _held_by_silver(spark, silver_path, ranges).withColumn("_moved", F.lit(True))
     still = quarantined_records(parsed).select(*KAFKA_KEY_COLUMNS, F.col("reason").alias("_reason_now"))
+    # What quarantine must change: records silver holds now, and records whose reason is another now.
     changes = (
-        selected.select(*KAFKA_KEY_COLUMNS)
+        selected.select(*KAFKA_KEY_COLUMNS, "reason")
         .join(now_held, list(KAFKA_KEY_COLUMNS), "left")
         .join(still, list(KAFKA_KEY_COLUMNS), "left")
-        .where(F.col("_moved") | F.col("_reason_now").isNotNull())
+        .where(F.col("_moved") | (F.col("_reason_now") != F.col("reason")))
+        .drop("reason")
     )
     finished = sum(row.records for row in ranges) - records
     same_record = " AND ".join(f"t.`{column}` = s.`{column}`" for column in KAFKA_KEY_COLUMNS)
@@ -271,10 +273,12 @@ def _move(
         )
 
     # Quarantine is append-only but for this MERGE (as bronze is but for `drop-bronze-copies`): a replay
-    # killed before it is append-only again leaves it so, and the next replay makes it so.
-    set_properties(spark, quarantine_path, {APPEND_ONLY: "false"})
-    retry_conflicts(merge, f"{quarantine_path} replay {number}")
-    set_properties(spark, quarantine_path, {APPEND_ONLY: "true"})
+    # killed before it is append-only again leaves it so, and the next replay makes it so. A replay that
+    # changes nothing there (every record stays, for the reason it had) commits nothing to it.
+    if not changes.isEmpty():
+        set_properties(spark, quarantine_path, {APPEND_ONLY: "false"})
+        retry_conflicts(merge, f"{quarantine_path} replay {number}")
+        set_properties(spark, quarantine_path, {APPEND_ONLY: "true"})
     reach(stream, AFTER_QUARANTINE_COMMIT, number)
     staying = reason_counts(parsed) if rejected else {}
     return Replayed(dataset.name, number, records, records - rejected, finished, staying)
