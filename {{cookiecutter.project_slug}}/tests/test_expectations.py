@@ -203,6 +203,13 @@ def orders_topic(kafka_bootstrap) -> str:
     return fresh_topic(kafka_bootstrap, "checked-orders")
 
 
+@pytest.fixture
+def checked_config(config, orders_topic, monkeypatch):
+    """The test's config with dataset checked_orders reading ``orders_topic``, the one dataset the project runs."""
+    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
+    return config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+
+
 def failures_counted(stream: str, name: str) -> float:
     return (
         REGISTRY.get_sample_value("lakehouse_expectation_failures_total", {"stream": stream, "expectation": name}) or 0
@@ -211,10 +218,9 @@ def failures_counted(stream: str, name: str) -> float:
 
 @pytest.mark.slow
 def test_a_failing_expectation_commits_nothing_until_it_is_changed_then_the_batch_lands_once(
-    spark, config, orders_topic, monkeypatch
+    spark, checked_config, orders_topic
 ):
-    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
-    config = config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+    config = checked_config
     lakehouse = Lakehouse(config.lakehouse_root)
     values = {
         (0, 0): order("o1", "north", "10.00"),
@@ -333,10 +339,9 @@ def replay_alone(config, crash: str, log: Path) -> int:
 
 @pytest.mark.slow
 def test_a_quarantine_replay_after_a_rule_is_relaxed_moves_exactly_what_passes_once_under_kills(
-    spark, config, orders_topic, monkeypatch, tmp_path
+    spark, checked_config, orders_topic, tmp_path
 ):
-    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
-    config = config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+    config = checked_config
     lakehouse = Lakehouse(config.lakehouse_root)
     values = [
         order("o1", "north", "10.00"),
@@ -384,10 +389,9 @@ def test_a_quarantine_replay_after_a_rule_is_relaxed_moves_exactly_what_passes_o
 
 @pytest.mark.slow
 def test_a_replay_refused_while_silver_runs_or_the_fused_stream_carries_it_lands_once_by_each_way_out(
-    spark, config, orders_topic, monkeypatch
+    spark, checked_config, orders_topic
 ):
-    monkeypatch.setenv("PIPELINE_DATASETS", "checked_orders")
-    config = config.model_copy(update={"dataset_sections": {"dataset_checked_orders": {"topics": [orders_topic]}}})
+    config = checked_config
     lakehouse = Lakehouse(config.lakehouse_root)
     producer = Producer(client_config(config, **{"enable.idempotence": True}))
     for value in (order("o1", "north", "10.00"), order("o2", "south", "-1.00"), order("o3", "north", "-9.00")):
