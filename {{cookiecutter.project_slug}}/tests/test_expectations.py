@@ -338,6 +338,7 @@ def replay_alone(config, crash: str, log: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.storage
 def test_a_quarantine_replay_after_a_rule_is_relaxed_moves_exactly_what_passes_once_under_kills(
     spark, checked_config, orders_topic, tmp_path
 ):
