@@ -6,6 +6,7 @@ the cluster run on the suite's storage (``--storage``): a local disk or the S3 s
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from {{ cookiecutter.package_name }}.devtools.chaos import (
     verify,
 )
 from {{ cookiecutter.package_name }}.devtools.kafka_local import LocalKafka
-from {{ cookiecutter.package_name }}.devtools.nemesis import Schedule, compiled_java_options, run_nemesis
+from {{ cookiecutter.package_name }}.devtools.nemesis import Nemesis, Schedule, compiled_java_options, run_nemesis
 from {{ cookiecutter.package_name }}.devtools.spark_cluster import StandaloneCluster
 from {{ cookiecutter.package_name }}.pipeline import streams as pipeline_streams
 from {{ cookiecutter.package_name }}.pipeline.audit.reconcile import run_audit
@@ -644,6 +645,30 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(
     # windows), MERGEs of overlaps (windows gold holds).
     assert report.silver_sink_commits["append"] >= 1 and report.silver_sink_commits["MERGE"] >= 1, report.table()
     assert report.gold_sink_commits["append"] >= 1 and report.gold_sink_commits["MERGE"] >= 1, report.table()
+
+
+# The suite's seed draws no crash of the second dataset: its replay is played here on its own.
+@pytest.mark.faults
+@pytest.mark.skipif(len(DATASETS) < 2, reason="a bake with one dataset has no second dataset's quarantine")
+def test_the_nemesis_replay_of_a_quarantine_killed_then_run_whole_moves_nothing_and_ends_exact(spark, config, tmp_path):
+    with ExitStack() as servers:
+        run_config = private_servers(config, tmp_path, servers)
+        (tmp_path / "logs").mkdir()
+        nemesis = Nemesis(run_config, NEMESIS_SEED, tmp_path / "logs")
+        try:
+            for _ in range(3):
+                nemesis.produce(committed=True, second=True)
+            replayed = nemesis.replay_quarantine()
+            drained = nemesis.drain()
+        finally:
+            nemesis.producer.flush(10)
+            del nemesis.producer
+
+    # Killed at a crash point of the replay, then run whole: the records it judged all stay.
+    assert re.search(r"_replay:after_\w+_commit:0 killed, then whole: \w+: replay 0 judged [1-9]", replayed), replayed
+    assert " 0 moved to " in replayed, replayed
+    assert drained == "oracle clean, audit clean", nemesis.report.table()
+    assert nemesis.report.clean, nemesis.report.table()
 
 
 # Interpreted, as the suite's other processes: the fused stream's compiled batches are proven exact under

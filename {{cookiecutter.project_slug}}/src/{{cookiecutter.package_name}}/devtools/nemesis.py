@@ -944,7 +944,7 @@ class Nemesis:
             streams = dataset_streams(second)
             stream = self.rng.choice([*streams, replay_stream(second)])
             if stream == replay_stream(second):
-                return self._replay_second()
+                return self.replay_quarantine()
             layer = streams[stream].layer.value
         else:
             stream, layer = fused_stream(second).name, FUSED_STREAM
@@ -964,7 +964,7 @@ class Nemesis:
             self.expect_ok(f"run --layer {layer} --dataset {second.name} with a crash point", code, output)
         return f"{where} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
 
-    def _replay_second(self) -> str:
+    def replay_quarantine(self) -> str:
         """The second dataset's quarantine judged again (``quarantine replay``) in a process killed at one of
         the replay's crash points, records made ready for it first, then in one that runs whole and must
         finish what the killed one began. Its expectations are the same as when the records were
