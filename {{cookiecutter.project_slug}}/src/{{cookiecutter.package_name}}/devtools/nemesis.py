@@ -934,7 +934,7 @@ class Nemesis:
 
     def _crash_second(self) -> str:
         """One of the second dataset's streams killed at a crash point of its next batch, records made ready
-        for it first: its topic gets a transaction aborted and one committed, and the streams above it run."""
+        for it first (``_ready_second``: the streams above it run), or its quarantine replay killed."""
         from ..pipeline.delta.tables import dataset_streams, fused_stream
         from ..pipeline.quarantine_replay import stream_name as replay_stream
         from ..pipeline.recovery.crash_points import BETWEEN_SINK_COMMITS, FUSED_POINTS, POINTS
@@ -950,12 +950,7 @@ class Nemesis:
             stream, layer = fused_stream(second).name, FUSED_STREAM
         inner = {second.stream("silver"): (BETWEEN_SINK_COMMITS,), second.stream("fused"): FUSED_POINTS}
         point = self.rng.choice((*POINTS, *inner.get(stream, ())))
-        self._produce_second(False, self.rng.randint(1, self.records_per_transaction))
-        self._produce_second(True, self.rng.randint(1, self.records_per_transaction))
-        above = {"silver": ("bronze",), "gold": ("bronze", "silver")}.get(layer, ())
-        for upstream in above:
-            code, output = self._run(["run", "--layer", upstream, "--dataset", second.name, "--available-now"], None)
-            self.expect_ok(f"run --layer {upstream} --dataset {second.name}", code, output)
+        self._ready_second({"silver": ("bronze",), "gold": ("bronze", "silver")}.get(layer, ()))
         where = f"{stream}:{point}:{self.next_batch(stream)}"
         code, output = self._run(
             ["run", "--layer", layer, "--dataset", second.name, "--available-now"], {"PIPELINE_CRASH_POINT": where}
@@ -963,6 +958,15 @@ class Nemesis:
         if code not in (0, -signal.SIGKILL):
             self.expect_ok(f"run --layer {layer} --dataset {second.name} with a crash point", code, output)
         return f"{where} {'killed' if code == -signal.SIGKILL else f'exit {code}'}"
+
+    def _ready_second(self, layers: tuple[str, ...]) -> None:
+        """Records for the second dataset's next batch: a transaction of them aborted and one committed to its
+        topic, then its streams of ``layers`` run, in that order."""
+        self._produce_second(False, self.rng.randint(1, self.records_per_transaction))
+        self._produce_second(True, self.rng.randint(1, self.records_per_transaction))
+        for layer in layers:
+            code, output = self._run(["run", "--layer", layer, "--dataset", self.second.name, "--available-now"], None)
+            self.expect_ok(f"run --layer {layer} --dataset {self.second.name}", code, output)
 
     def replay_quarantine(self) -> str:
         """The second dataset's quarantine judged again (``quarantine replay``) in a process killed at one of
@@ -975,11 +979,7 @@ class Nemesis:
 
         second = self.second
         point = self.rng.choice((AFTER_SILVER_COMMIT, AFTER_QUARANTINE_COMMIT))
-        self._produce_second(False, self.rng.randint(1, self.records_per_transaction))
-        self._produce_second(True, self.rng.randint(1, self.records_per_transaction))
-        for layer in ("bronze", "silver"):
-            code, output = self._run(["run", "--layer", layer, "--dataset", second.name, "--available-now"], None)
-            self.expect_ok(f"run --layer {layer} --dataset {second.name}", code, output)
+        self._ready_second(("bronze", "silver"))
         silver = latest_snapshot(self.spark, Lakehouse(self.config.lakehouse_root).table(second.silver))
         last = last_tagged_batch(silver, app_id(second))
         where = f"{stream_name(second)}:{point}:{0 if last is None else last + 1}"
