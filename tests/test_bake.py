@@ -402,6 +402,11 @@ def test_a_bake_on_s3_passes_its_whole_suite_and_runs_its_demo(tmp_path, pre_gen
     # The orders' expectations, one of each action: the quarantining one names its records' reason, in the
     # audit and on the metrics endpoint; the warning one's records stay in silver, counted there.
     assert re.search(r"^    expectation total_positive not met +[1-9]\d*$", orders_report, re.MULTILINE), orders_report
+    # The orders are Avro, read through the demo's own registry: their bad records are bad in the wire format's
+    # ways, and the registry client's requests stay out of the output.
+    unknown_id = r"^    writer schema is not in the registry, id <id> +[1-9]\d*$"
+    assert re.search(unknown_id, orders_report, re.MULTILINE), orders_report
+    assert "httpx2" not in demo
     unmet = {"stream": "orders_silver", "reason": "expectation total_positive not met"}
     assert (scrapes.value("lakehouse_quarantined_records_total", **unmet) or 0) > 0, scrapes.last
     warned = {"stream": "orders_silver", "expectation": "large_total"}

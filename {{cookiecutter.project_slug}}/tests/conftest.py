@@ -331,13 +331,17 @@ def topic(kafka_bootstrap, request) -> str:
 
 
 @pytest.fixture
-def config(lakehouse_root, kafka_bootstrap, topic) -> Config:
-    """The packaged local config pointed at the test broker, topic and a private lakehouse."""
+def config(request, lakehouse_root, kafka_bootstrap, topic) -> Config:
+    """The packaged local config pointed at the test broker, topic and a private lakehouse; and at the session's
+    schema registry where the test asks for it (``schema_registry``: a test driving an Avro dataset), else at
+    none (its commands run JSON datasets alone)."""
+    registry = request.getfixturevalue("schema_registry") if "schema_registry" in request.fixturenames else ""
     environ = {
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "KAFKA_TOPICS": topic,
         "LAKEHOUSE_ROOT": lakehouse_root,
         "PIPELINE_EGRESS": os.environ["PIPELINE_EGRESS"],
+        "SCHEMA_REGISTRY_URL": registry,
         # On S3: the server s3_lakehouse named.
         **{name: os.environ[name] for name in ("S3_ENDPOINT", "S3_LOCAL_HOME") if name in os.environ},
     }

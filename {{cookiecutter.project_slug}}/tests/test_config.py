@@ -645,8 +645,10 @@ def test_schema_registry_credentials_come_from_a_file_or_the_environment_and_are
         shown = repr(config) + repr(RegistryAccess.of(config.schema_registry)) + str(config.model_dump())
         assert "t0ken" not in shown and "pa55word" not in shown
         assert pickle.loads(pickle.dumps(config)) == config
+    password = 'basic_auth_password = "x"\n'
+    if "[schema_registry]\n" in PACKAGED_LOCAL:
+        with_password = PACKAGED_LOCAL.replace("[schema_registry]\n", "[schema_registry]\n" + password)
+    else:
+        with_password = PACKAGED_LOCAL + "\n[schema_registry]\n" + password
     with pytest.raises(ConfigError, match=r"^schema_registry\.basic_auth_password: a secret never goes in a config"):
-        load_config(
-            config_file=config_file(tmp_path, PACKAGED_LOCAL + '\n[schema_registry]\nbasic_auth_password = "x"\n'),
-            environ={},
-        )
+        load_config(config_file=config_file(tmp_path, with_password), environ={})

@@ -27,7 +27,13 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.devtools.postgres_local import LocalPostgres
-from {{ cookiecutter.package_name }}.devtools.sample import CALENDAR_EDGES, calendar_edge_records, produce, sample_records
+from {{ cookiecutter.package_name }}.devtools.sample import (
+    CALENDAR_EDGES,
+    calendar_edge_records,
+    produce,
+    sample_records,
+    value_writer,
+)
 from {{ cookiecutter.package_name }}.pipeline.audit import findings
 from {{ cookiecutter.package_name }}.pipeline.config import ConfigError, load_section
 from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
@@ -730,21 +736,26 @@ def topic_fold(records: dict, topic: str, columns: tuple[str, ...], key: tuple[s
     return set(state.values()), versions
 
 
-def order_records(prefix: str, count: int, start: datetime) -> list[tuple[bytes, bytes]]:
-    """Orders of three shops and five customers, one every two minutes; the fourth sent again as a retry."""
+def order_records(prefix: str, count: int, start: datetime, write) -> list[tuple[bytes, bytes]]:
+    """Orders of three shops and five customers, one every two minutes, each value written by ``write`` (its
+    dataset's format); the fourth sent again as a retry."""
     records = []
     for number in range(count):
-        at = (start + timedelta(minutes=2 * number)).isoformat().replace("+00:00", "Z")
-        value = {"order_id": f"{prefix}-{number}", "ordered_at": at, "shop": f"shop-{number % 3}"}
-        text = json.dumps({**value, "customer": f"c{number % 5}"})
-        records.append((f"{prefix}-{number}".encode(), (text[:-1] + f', "total": {number}.25}}').encode()))
+        value = {
+            "order_id": f"{prefix}-{number}",
+            "ordered_at": (start + timedelta(minutes=2 * number)).isoformat(),
+            "shop": f"shop-{number % 3}",
+            "customer": f"c{number % 5}",
+            "total": Decimal(f"{number}.25"),
+        }
+        records.append((f"{prefix}-{number}".encode(), write(value)))
     return [*records, records[3]]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(DATASETS) < 2, reason="a bake with one dataset has no gold beyond the first")
 def test_each_gold_an_egress_names_goes_out_once_by_its_own_stream_through_a_crash_and_the_audit(
-    spark, config, postgres, kafka_oracle, monkeypatch, capsys
+    spark, config, postgres, kafka_oracle, monkeypatch, capsys, schema_registry
 ):
     with_kafka = "kafka_egress" in installed_egresses()
     second = DATASETS[1]
@@ -775,6 +786,7 @@ def test_each_gold_an_egress_names_goes_out_once_by_its_own_stream_through_a_cra
         "EGRESS_POSTGRES_PASSWORD": password,
         "EGRESS_POSTGRES_TABLE": f"gold_first_{os.getpid()}",
         "EGRESS_POSTGRES_GOLDS": f"{second.name}.{by_shop.name}={mirror}",
+        "SCHEMA_REGISTRY_URL": schema_registry,
     }.items():
         monkeypatch.setenv(name, value)
     streams = {
@@ -783,7 +795,8 @@ def test_each_gold_an_egress_names_goes_out_once_by_its_own_stream_through_a_cra
         for gold in (by_shop, hourly)
     }
     t0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
-    produce(client_config(config), orders, order_records("a", 40, t0))
+    write = value_writer(second, {"url": schema_registry}, orders)
+    produce(client_config(config), orders, order_records("a", 40, t0, write))
     # The dataset's streams, then the egress streams of its golds. One of these is killed inside its first
     # batch (the Kafka one between its produce and its commit), and the next run replays it.
     run_orders = ["run", "--layer", "all", "--available-now", "--dataset", second.name]

@@ -565,7 +565,7 @@ def test_a_run_whose_lease_is_taken_away_stops_with_exit_1_and_its_way_out_is_ex
 
 @pytest.mark.faults
 @pytest.mark.storage
-def test_chaos_run_with_five_random_kills_reports_zero_anomalies(spark, config, tmp_path):
+def test_chaos_run_with_five_random_kills_reports_zero_anomalies(spark, config, tmp_path, schema_registry):
     # Every egress this project has, on, each with a sink of the run only (a private PostgreSQL).
     environ = {"KAFKA_BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers}
     packaged = configure(load_config("local", environ=environ), environ)
@@ -597,7 +597,7 @@ def test_chaos_run_with_five_random_kills_reports_zero_anomalies(spark, config, 
 # On a local disk: on S3 the same schedule takes about twice as long (`nemesis` runs on either).
 @pytest.mark.faults
 def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(
-    spark, config, tmp_path, undocumented_in_lakehouse
+    spark, config, tmp_path, undocumented_in_lakehouse, schema_registry
 ):
     # A broker of the test's own, so that the schedule can restart it.
     broker = LocalKafka(tmp_path / "own-broker")
@@ -650,7 +650,9 @@ def test_a_nemesis_schedule_of_combined_faults_ends_exact_and_the_audit_agrees(
 # The suite's seed draws no crash of the second dataset: its replay is played here on its own.
 @pytest.mark.faults
 @pytest.mark.skipif(len(DATASETS) < 2, reason="a bake with one dataset has no second dataset's quarantine")
-def test_the_nemesis_replay_of_a_quarantine_killed_then_run_whole_moves_nothing_and_ends_exact(spark, config, tmp_path):
+def test_the_nemesis_replay_of_a_quarantine_killed_then_run_whole_moves_nothing_and_ends_exact(
+    spark, config, tmp_path, schema_registry
+):
     with ExitStack() as servers:
         run_config = private_servers(config, tmp_path, servers)
         (tmp_path / "logs").mkdir()
@@ -675,7 +677,7 @@ def test_the_nemesis_replay_of_a_quarantine_killed_then_run_whole_moves_nothing_
 # a crash by tests/test_fused.py, and `nemesis --compiled` plays a schedule compiled.
 @pytest.mark.faults
 def test_a_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(
-    spark, config, tmp_path, undocumented_in_lakehouse
+    spark, config, tmp_path, undocumented_in_lakehouse, schema_registry
 ):
     fused = config.model_copy(update={"mode": Mode.FUSED})
     with ExitStack() as servers:
@@ -699,7 +701,9 @@ def test_a_nemesis_schedule_in_the_fused_mode_ends_exact_and_the_audit_agrees(
 
 
 @pytest.mark.faults
-def test_a_saved_schedule_plays_again_with_its_draws_when_an_action_is_taken_out(spark, config, tmp_path):
+def test_a_saved_schedule_plays_again_with_its_draws_when_an_action_is_taken_out(
+    spark, config, tmp_path, schema_registry
+):
     recorded = run_nemesis(
         config.model_copy(update={"lakehouse_root": f"{config.lakehouse_root}/recorded"}),
         logs=tmp_path / "recorded-logs",

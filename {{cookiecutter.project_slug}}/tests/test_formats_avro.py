@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -15,18 +16,24 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import functions as F
+from test_transforms import bronze, bronze_row
 
 from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
 from {{ cookiecutter.package_name }}.cli.schemas import describe_schema
+from {{ cookiecutter.package_name }}.devtools.oracle import record_reader, unmet_reason
+from {{ cookiecutter.package_name }}.devtools.sample import UNKNOWN_SCHEMA_ID, contract_records, value_writer
 from {{ cookiecutter.package_name }}.pipeline.config import load_config
 from {{ cookiecutter.package_name }}.pipeline.contract import (
+    TOMBSTONE,
     Contract,
     Field,
     Kind,
     quarantine_label,
     quarantine_label_column,
 )
-from {{ cookiecutter.package_name }}.pipeline.formats import wire
+from {{ cookiecutter.package_name }}.pipeline.dataset import Dataset, Gold
+from {{ cookiecutter.package_name }}.pipeline.expectations import in_range
+from {{ cookiecutter.package_name }}.pipeline.formats import Format, wire
 from {{ cookiecutter.package_name }}.pipeline.formats.avro import parse_avro, quarantine_reasons, resolve, schema_ids
 from {{ cookiecutter.package_name }}.pipeline.formats.registry import (
     RegistryUnavailable,
@@ -34,6 +41,7 @@ from {{ cookiecutter.package_name }}.pipeline.formats.registry import (
     WriterSchemas,
     client_conf,
 )
+from {{ cookiecutter.package_name }}.pipeline.silver import parse_records, without_duplicates
 
 pytestmark = pytest.mark.xdist_group("schema_registry")
 
@@ -49,6 +57,19 @@ ORDERS = Contract(
     event_time="ordered_at",
     dimensions=("shop",),
     measures=("quantity", "total"),
+)
+# A dataset's sample as the sample producer draws it: a business key, a dimension, a decimal and an optional field.
+SAMPLED = Contract(
+    fields=(
+        Field("order_id", Kind.STRING),
+        Field("ordered_at", Kind.TIMESTAMP),
+        Field("shop", Kind.STRING),
+        Field("customer", Kind.STRING, required=False),
+        Field("total", Kind.DECIMAL, precision=12, scale=2),
+    ),
+    event_time="ordered_at",
+    dimensions=("shop",),
+    measures=("total",),
 )
 MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
 MICROS = {"type": "long", "logicalType": "timestamp-micros"}
@@ -270,3 +291,61 @@ def test_describe_schema_prints_fields_that_read_the_subjects_latest_schema(sche
     # An unknown subject exits 1 naming it.
     assert describe_schema(config, argparse.Namespace(subject="nobody-value")) == ExitCode.FAILED
     assert "subject nobody-value has no schema" in capsys.readouterr().err
+
+
+def test_a_sample_written_in_avro_reads_into_silver_as_the_producer_meant_and_as_the_oracle_reads_it(
+    spark, schema_registry
+) -> None:
+    # The sample producer's Avro (confluent-kafka's AvroSerializer, a schema of its own making), read three ways:
+    # by silver, by the oracle (AvroDeserializer), and by what the producer drew.
+    dataset = Dataset(
+        "avro_sample",
+        SAMPLED,
+        (Gold.of("windows", SAMPLED),),
+        dedup_key=("order_id",),
+        format=Format.AVRO,
+        expectations=(in_range("total_positive", "total", minimum="0.01"),),
+    )
+    registry = {"url": schema_registry}
+    write = value_writer(dataset, registry, f"avro-sample-{uuid.uuid4().hex[:6]}")
+    drawn = contract_records(
+        dataset, 240, seed=4, malformed_ratio=0.08, retry_ratio=0.08, unexpected_ratio=0.08, write=write
+    )
+    records = list(drawn)
+    rows = [bronze_row(offset, value) for offset, (_, value) in enumerate(records)]
+    parsed = without_duplicates(
+        parse_records(bronze(spark, rows), dataset, WriterSchemas(schema_registry)), None, dataset
+    )
+    found = {row.offset: row for row in parsed.collect()}
+
+    read = record_reader(dataset, registry)
+    first_of: dict[bytes, int] = {}
+    bad_reasons, unmet, duplicates, kept = Counter(), 0, 0, 0
+    for offset, (_, value) in enumerate(records):
+        row = found[offset]
+        if value is None or not value.startswith(b"\x00") or value == value[:6]:
+            bad_reasons[quarantine_label(row.reason)] += 1
+            continue
+        if int.from_bytes(value[1:5], "big") == UNKNOWN_SCHEMA_ID:
+            assert row.reason == f"{wire.UNKNOWN_SCHEMA}{UNKNOWN_SCHEMA_ID}"
+            bad_reasons[quarantine_label(row.reason)] += 1
+            continue
+        # A record the registry's schema reads: its reason is the oracle's, its values the oracle's too.
+        reason = unmet_reason(dataset, value, registry)
+        if reason is not None:
+            assert row.reason == reason, (offset, row.reason)
+            unmet += 1
+            continue
+        if first_of.setdefault(value, offset) != offset:
+            assert row.reason.startswith(f"duplicate of events/0/{first_of[value]}"), row.reason
+            duplicates += 1
+            continue
+        assert row.reason is None, (offset, row.reason)
+        expected = read(value)
+        assert row.order_id == expected["order_id"] and row.shop == expected["shop"]
+        assert row.customer == expected["customer"] and row.total == expected["total"]
+        assert row.ordered_at.astimezone(UTC) == datetime.fromisoformat(expected["ordered_at"])
+        kept += 1
+    # Each way the wire format is bad, each broken expectation and each retry came up, and most records are kept.
+    assert set(bad_reasons) == {TOMBSTONE, wire.NOT_WIRE_FORMAT, f"{wire.UNKNOWN_SCHEMA}<id>", f"{wire.UNREADABLE}<id>"}
+    assert unmet >= 5 and duplicates >= 5 and kept >= 150, (bad_reasons, unmet, duplicates, kept)

@@ -47,16 +47,18 @@ def test_a_local_registry_serves_confluents_serdes_refuses_an_incompatible_schem
 ) -> None:
     home = tmp_path / "registry"
     config = load_config("local", environ={"REGISTRY_LOCAL_HOME": str(home), "SCHEMA_REGISTRY_URL": "local"})
-    # Not running: "local" names the setting and the way to start one.
+    # Not running: "local" names the setting and the way to start one, where a dataset needs the registry;
+    # a command running JSON datasets alone goes on without one.
     with pytest.raises(ConfigError, match=r"schema_registry\.url: is 'local' but no local schema registry runs"):
-        local_servers.resolve_local_registry(config)
+        local_servers.resolve_local_registry(config, needed=True)
+    assert local_servers.resolve_local_registry(config, needed=False).schema_registry.url == "local"
     assert local_servers.registry_local(config, argparse.Namespace(action="status")) == ExitCode.FAILED
 
     registry = LocalRegistry(home)
     url = registry.start()
     try:
         assert url.startswith("http://127.0.0.1:") and url.endswith(CONFLUENT_API)
-        assert local_servers.resolve_local_registry(config).schema_registry.url == url
+        assert local_servers.resolve_local_registry(config, needed=True).schema_registry.url == url
         # A second start (another process's `registry-local start`) finds the running one.
         pid = registry.status()["pid"]
         assert local_servers.registry_local(config, argparse.Namespace(action="start", secure=False)) == ExitCode.OK
@@ -129,7 +131,7 @@ def test_a_secure_local_registry_answers_its_user_over_https_alone_and_each_refu
         assert password not in registry.log_path.read_text(errors="replace")
 
         # "local" brings the CA and the user; so do the variables a client outside the project sets.
-        resolved = local_servers.resolve_local_registry(config)
+        resolved = local_servers.resolve_local_registry(config, needed=True)
         access_of_local = RegistryAccess.of(resolved.schema_registry)
         by_variables = load_config(
             "local",

@@ -42,6 +42,7 @@ from ..pipeline.config import DATASET_PREFIX, Config
 from ..pipeline.dataset import AggregateKind, Dataset, Gold, Naming
 from ..pipeline.datasets import DATASETS, SWITCH_VAR, check_apart
 from ..pipeline.delta.tables import Lakehouse
+from ..pipeline.formats import Format
 from ..pipeline.kafka.clients import client_config
 from ..pipeline.session.spark import java_class
 from ..pipeline.streams import start_stream, stream_names
@@ -54,6 +55,8 @@ MEBIBYTE = 2**20
 def cost_datasets(count: int) -> tuple[Dataset, ...]:
     """The ``count`` datasets of a run: the project's in declaration order, then copies of its second (its
     first, in a project of one) named ``<name>2``, ``<name>3``, ... with tables and streams of their own.
+    Each in JSON, whatever its declared format: the phase measures what a dataset costs the driver, and the
+    formats phase what Avro costs.
 
     Example::
 
@@ -61,8 +64,8 @@ def cost_datasets(count: int) -> tuple[Dataset, ...]:
     """
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive number of datasets, got {count!r}")
-    chosen = list(DATASETS[:count])
-    model = DATASETS[1] if len(DATASETS) > 1 else DATASETS[0]
+    chosen = [dataclasses.replace(each, format=Format.JSON) for each in DATASETS[:count]]
+    model = dataclasses.replace(DATASETS[1] if len(DATASETS) > 1 else DATASETS[0], format=Format.JSON)
     taken = {each.name for each in DATASETS}
     number = 2
     while len(chosen) < count:

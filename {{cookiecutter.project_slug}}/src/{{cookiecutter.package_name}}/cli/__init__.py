@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # py4j logs every call the JVM makes into Python (each foreachBatch) at INFO: noise in every
     # pipeline log and the demo's output. Its warnings and errors still show.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # So does the HTTP client of confluent-kafka's schema registry client (httpx2) at each request.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         # Every table checked, the egresses' too, before a command does anything: a bad key exits 2.
         config = configure(load_config(args.env, args.config))

@@ -60,11 +60,11 @@ def check_registry(config: Config) -> None:
     """Reach the schema registry when a dataset names its writer schemas there (Avro): ConfigError naming
     schema_registry.url when it is not set or does not answer.
     """
-    from ..pipeline.datasets import DATASETS
+    from ..pipeline.datasets import running
     from ..pipeline.formats.registry import RegistryUnavailable
     from ..pipeline.silver import schemas_for
 
-    for dataset in DATASETS:
+    for dataset in running(config):
         schemas = schemas_for(config, dataset)
         if schemas is not None:
             try:

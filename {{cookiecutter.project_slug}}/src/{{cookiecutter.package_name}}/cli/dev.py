@@ -100,6 +100,7 @@ SAMPLE_UNEXPECTED_RATIO = 0.01
 
 
 def produce_sample(config: Config, args: argparse.Namespace) -> int:
+    from ..devtools.chaos import dataset_writer
     from ..devtools.sample import breakable, contract_records, produce, sample_records
     from ..pipeline.datasets import DATASETS, config_of
     from ..pipeline.kafka.clients import client_config, ensure_topics
@@ -125,6 +126,8 @@ def produce_sample(config: Config, args: argparse.Namespace) -> int:
                 args.malformed_ratio,
                 SAMPLE_RETRY_RATIO,
                 unexpected_ratio=unexpected,
+                # An Avro dataset's through the schema registry, as its producers write it.
+                write=dataset_writer(config, declared, topic),
             )
         sent = produce(client_config(config), topic, records)
         print(f"produced {sent} records to {topic} ({declared.name})")

@@ -39,17 +39,18 @@ def uses_local_s3(config: Config) -> bool:
     return config.s3.endpoint == LOCAL_ENDPOINT and is_s3(config.lakehouse_root)
 
 
-def resolve(config: Config, egress: bool = True) -> Config:
+def resolve(config: Config, egress: bool = True, registry: bool | None = None) -> Config:
     """The config with every "local" server replaced by the running one's address (and credentials).
 
-    ``egress`` False leaves the egress sinks' "local" as it is (a command that never reaches them).
+    ``egress`` False leaves the egress sinks' "local" as it is (a command that never reaches them);
+    ``registry`` says whether the schema registry is needed (default: ``needs_registry``).
     Raises ConfigError naming the setting when it says "local" and no such server runs.
 
     Example::
 
         resolve(configure(load_config("local"))).kafka.bootstrap_servers  # "127.0.0.1:39092"
     """
-    config = resolve_local_registry(resolve_local_s3(resolve_local_bootstrap(config)))
+    config = resolve_local_registry(resolve_local_s3(resolve_local_bootstrap(config)), registry)
     postgres = _postgres_local() if egress else None
     return config if postgres is None else postgres.resolve_local_postgres(config)
 
@@ -91,12 +92,30 @@ def resolve_local_s3(config: Config) -> Config:
     return config.model_copy(update={"s3": s3})
 
 
-def resolve_local_registry(config: Config) -> Config:
-    """The config with schema_registry.url "local" replaced by the URL of the running `registry-local` registry.
+def needs_registry(config: Config, datasets: tuple | None = None) -> bool:
+    """Whether a dataset the config runs (or one of ``datasets``) names its writer schemas in the registry:
+    a dataset in Avro or Protobuf.
 
-    Raises ConfigError naming schema_registry.url when no such registry runs.
+    Example::
+
+        needs_registry(config)  # True when the orders dataset, in Avro, runs
+    """
+    from ..pipeline.datasets import running
+    from ..pipeline.formats import Format
+
+    return any(each.format is not Format.JSON for each in (running(config) if datasets is None else datasets))
+
+
+def resolve_local_registry(config: Config, needed: bool | None = None) -> Config:
+    """The config with schema_registry.url "local" replaced by the URL of the running `registry-local` registry,
+    when a registry is ``needed`` (default: ``needs_registry``); else unchanged, so that a command running JSON
+    datasets alone needs no registry.
+
+    Raises ConfigError naming schema_registry.url when it is needed and no such registry runs.
     """
     if config.schema_registry.url != LOCAL_REGISTRY:
+        return config
+    if not (needs_registry(config) if needed is None else needed):
         return config
     from ..devtools.registry_local import LocalRegistry
 
@@ -141,7 +160,11 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
             server.start()
             stack.callback(server.stop)
             config = config.model_copy(update={"s3_local_home": server.home})
-    if config.schema_registry.url == LOCAL_REGISTRY:
+    # A run drives every declared dataset, whatever PIPELINE_DATASETS says in this process.
+    from ..pipeline.datasets import DATASETS
+
+    registry_needed = needs_registry(config, DATASETS)
+    if config.schema_registry.url == LOCAL_REGISTRY and registry_needed:
         from ..devtools.registry_local import LocalRegistry, running_url
 
         if running_url(config.registry_local_home) is None:
@@ -152,7 +175,7 @@ def private_servers(config: Config, workdir: Path, stack: ExitStack) -> Config:
     postgres = _postgres_local()
     if postgres is not None:
         config = postgres.private_postgres(config, workdir, stack)
-    return resolve(config)
+    return resolve(config, registry=registry_needed)
 
 
 def start_stop_or_status(server, command: str, action: str, secret_file: tuple[str, Path]) -> int:

@@ -23,7 +23,7 @@ def describe_schema(config: Config, args: argparse.Namespace) -> int:
     from ..pipeline.formats.avro import contract_fields
     from ..pipeline.formats.registry import RegistryAccess, RegistryUnavailable, WriterSchemas
 
-    config = resolve_local_registry(config)
+    config = resolve_local_registry(config, needed=True)
     url = config.schema_registry.url
     if not url:
         raise ConfigError(

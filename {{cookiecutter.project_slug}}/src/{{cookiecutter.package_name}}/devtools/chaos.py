@@ -37,9 +37,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from py4j.java_gateway import JavaClass
 
 from ..pipeline.dataset import Dataset
+from ..pipeline.formats import Format
 from .kafka_local import partitions_with_leaders
 from .oracle import BROKEN_PREFIX, judge_dataset, judge_published
-from .sample import EVENT_TYPES, breakable, contract_records
+from .sample import EVENT_TYPES, ValueWriter, breakable, contract_records, value_writer
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
@@ -162,10 +163,11 @@ def produce_numbered(
         time.sleep(pause)
 
 
-def dataset_values(dataset, run: str, seed: int) -> Iterator[bytes]:
+def dataset_values(dataset, run: str, seed: int, write: ValueWriter | None = None) -> Iterator[bytes]:
     """Record values of ``dataset``, endless: drawn from its contract (``sample.contract_records``, some of them
     retries of an earlier record, the same bytes again, some breaking an expectation on purpose), every 17th
-    broken (``BROKEN_PREFIX`` and an id of the run). Their event times lie within ten minutes of EVENT_START."""
+    broken (``BROKEN_PREFIX`` and an id of the run: in no format). Their event times lie within ten minutes of
+    EVENT_START. ``write`` writes each value (``sample.value_writer``; JSON by default)."""
     unexpected = SECOND_UNEXPECTED_RATIO if breakable(dataset) is not None else 0.0
     drawn = contract_records(
         dataset,
@@ -175,6 +177,7 @@ def dataset_values(dataset, run: str, seed: int) -> Iterator[bytes]:
         start=EVENT_START,
         prefix=run,
         unexpected_ratio=unexpected,
+        write=write,
     )
     for number, (_, value) in enumerate(drawn, 1):
         broken = number % MALFORMED_EVERY == 0
@@ -191,10 +194,11 @@ def produce_dataset_records(
     ledger: Ledger,
     duration_s: float,
     transaction_size: int = 25,
+    write: ValueWriter | None = None,
 ) -> None:
-    """Produce ``records`` of ``dataset``'s records (``dataset_values``) over about ``duration_s``; abort every
-    third transaction."""
-    values = list(itertools.islice(dataset_values(dataset, run, seed), records))
+    """Produce ``records`` of ``dataset``'s records (``dataset_values``, each written by ``write``) over about
+    ``duration_s``; abort every third transaction."""
+    values = list(itertools.islice(dataset_values(dataset, run, seed, write), records))
     producer = Producer({**producer_config, "transactional.id": f"chaos-{run}-{dataset.name}", "linger.ms": 5})
     producer.init_transactions(30)
     transactions = (records + transaction_size - 1) // transaction_size
@@ -281,6 +285,40 @@ def storage_env(config) -> dict[str, str]:
     return env
 
 
+def registry_env(config) -> dict[str, str]:
+    """The environment that points a pipeline process at ``config``'s schema registry ({} without one): the
+    resolved settings, as ``storage_env`` gives the S3 server's; a password by the file that holds it."""
+    settings = config.schema_registry
+    if not settings.url:
+        return {}
+    env = {"SCHEMA_REGISTRY_URL": settings.url}
+    if settings.ssl_ca_location:
+        env["SCHEMA_REGISTRY_SSL_CA_LOCATION"] = settings.ssl_ca_location
+    if settings.basic_auth_username:
+        env["SCHEMA_REGISTRY_BASIC_AUTH_USERNAME"] = settings.basic_auth_username
+        env["SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE"] = settings.basic_auth_password_file or ""
+    return env
+
+
+def registry_client(config, dataset: Dataset) -> dict | None:
+    """confluent-kafka's SchemaRegistryClient configuration for ``config``'s registry, where ``dataset`` names
+    its writer schemas there (not JSON); None for a JSON dataset. ValueError naming schema_registry.url when
+    the config names no registry for it."""
+    from ..pipeline.formats.registry import RegistryAccess, client_conf
+
+    if dataset.format is Format.JSON:
+        return None
+    if not config.schema_registry.url.startswith(("http://", "https://")):
+        raise ValueError(f"schema_registry.url: dataset {dataset.name} is in {dataset.format}: name a running registry")
+    return client_conf(RegistryAccess.of(config.schema_registry))
+
+
+def dataset_writer(config, dataset: Dataset, topic: str) -> ValueWriter:
+    """How the runner's producer writes ``dataset``'s values to ``topic`` (``sample.value_writer``): an Avro
+    dataset's through ``config``'s schema registry."""
+    return value_writer(dataset, registry_client(config, dataset), topic)
+
+
 def egress_env(config, run: str, admin: AdminClient, second: Dataset | None = None) -> dict[str, str]:
     """The environment that turns on each egress ``config`` has, each with a sink of this run only; with
     ``second``, each also publishes that dataset's first gold, to a sink of its own (``judge_published_gold``
@@ -329,7 +367,9 @@ def judge_published_gold(config, env: dict[str, str], dataset: Dataset, committe
         for _, _, key, value, _ in sorted(records, key=lambda record: (record[0], record[1])):
             folded[key] = value
         rows = [json.loads(value, parse_float=Decimal) for value in folded.values() if value is not None]
-        anomalies[f"{stream}_windows_wrong"] = judge_published(dataset, committed, gold, rows, config.gold_window)
+        anomalies[f"{stream}_windows_wrong"] = judge_published(
+            dataset, committed, gold, rows, config.gold_window, registry_client(config, dataset)
+        )
         anomalies[f"{stream}_records_repeating_a_gold_version"] = repeated_versions(records)
     if "EGRESS_POSTGRES_GOLDS" in env:
         import psycopg
@@ -341,7 +381,9 @@ def judge_published_gold(config, env: dict[str, str], dataset: Dataset, committe
         with psycopg.connect(settings.dsn, password=password) as connection:
             cursor = connection.execute(f"SELECT {', '.join(gold.columns)} FROM {table}")
             rows = [dict(zip(gold.columns, row, strict=True)) for row in cursor.fetchall()]
-        anomalies[f"{stream}_windows_wrong"] = judge_published(dataset, committed, gold, rows, config.gold_window)
+        anomalies[f"{stream}_windows_wrong"] = judge_published(
+            dataset, committed, gold, rows, config.gold_window, registry_client(config, dataset)
+        )
     return anomalies
 
 
@@ -549,6 +591,7 @@ def run_chaos(
         "KAFKA_MAX_OFFSETS_PER_TRIGGER": "40",
         **egress_env(config, run, admin, second),
         **storage_env(config),
+        **registry_env(config),
         **({"PIPELINE_DATASETS": second.name, f"DATASET_{second.name.upper()}_TOPICS": second_topic} if second else {}),
     }
     # This process's own session: it counts the batches each kill left pending, then reads the tables.
@@ -578,6 +621,7 @@ def run_chaos(
             threading.Thread(
                 target=produce_dataset_records,
                 args=(client_config(config), second_topic, run, second, second_records, seed, ledger, kills * 12.0),
+                kwargs={"write": dataset_writer(config, second, second_topic)},
                 daemon=True,
             )
         )
@@ -620,7 +664,10 @@ def run_chaos(
     report.egress_aborted_records = egress_aborted
     report.kills_while_starting = killed_starting
     if second:
-        found = judge_dataset(spark, Lakehouse(config.lakehouse_root), second, ledger.second, config.gold_window)
+        lakehouse = Lakehouse(config.lakehouse_root)
+        found = judge_dataset(
+            spark, lakehouse, second, ledger.second, config.gold_window, registry_client(config, second)
+        )
         report.anomalies.update({f"{second.name}_{kind}": count for kind, count in found.items()})
         report.anomalies.update(judge_published_gold(config, env, second, ledger.second))
         report.second_dataset = second.name

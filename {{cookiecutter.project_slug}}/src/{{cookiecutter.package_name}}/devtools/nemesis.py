@@ -113,6 +113,7 @@ from .chaos import (
     Ledger,
     batch_ids,
     dataset_values,
+    dataset_writer,
     egress_env,
     hadoop_filesystem,
     judge,
@@ -121,6 +122,8 @@ from .chaos import (
     pipeline_command,
     read_topic,
     record_id,
+    registry_client,
+    registry_env,
     send_transaction,
     storage_env,
     wait_while_running,
@@ -540,6 +543,7 @@ class Nemesis:
             # Batches small enough that a backlog takes several: more boundaries for faults to land on.
             "KAFKA_MAX_OFFSETS_PER_TRIGGER": "60",
             **storage_env(config),
+            **registry_env(config),
         }
         # The project's second dataset, where it has one: a topic of its own, its records from its contract,
         # and its first gold published by each egress.
@@ -551,7 +555,8 @@ class Nemesis:
             self.admin.create_topics([second_topic])[self.second_topic].result(30)
             self.env["PIPELINE_DATASETS"] = self.second.name
             self.env[f"DATASET_{self.second.name.upper()}_TOPICS"] = self.second_topic
-            self.second_values = dataset_values(self.second, self.run, seed)
+            write = dataset_writer(config, self.second, self.second_topic)
+            self.second_values = dataset_values(self.second, self.run, seed, write)
         if compiled:
             self.env["JAVA_TOOL_OPTIONS"] = compiled_java_options(self.env.get("JAVA_TOOL_OPTIONS", ""))
         # The layers (or the fused stream), then each egress the run turns on: an egress runs after gold.
@@ -849,7 +854,10 @@ class Nemesis:
         anomalies, _ = judge(self.spark, self.config, self.ledger, self.env)
         if self.second is not None:
             lakehouse = Lakehouse(self.config.lakehouse_root)
-            found = judge_dataset(self.spark, lakehouse, self.second, self.ledger.second, self.config.gold_window)
+            registry = registry_client(self.config, self.second)
+            found = judge_dataset(
+                self.spark, lakehouse, self.second, self.ledger.second, self.config.gold_window, registry
+            )
             anomalies.update({f"{self.second.name}_{kind}": count for kind, count in found.items()})
             anomalies.update(judge_published_gold(self.config, self.env, self.second, self.ledger.second))
         self.report.oracle_checks += 1

@@ -7,7 +7,9 @@ records belong in quarantine is the producer's word, not a second parser's. A re
 may still fail one of the dataset's quarantining expectations: the oracle judges those from the
 declaration's own terms (an expectation's rule and arguments) in Python, not with the SQL silver runs.
 A business key's copies are the producer's retries, each the same bytes, so whichever copy silver keeps,
-every gold is the same.
+every gold is the same. A JSON dataset's values are read with ``json``; an Avro dataset's with
+confluent-kafka's own ``AvroDeserializer``, each by the writer schema its id names in the registry
+(``registry``: SchemaRegistryClient's configuration).
 
 What it finds, by kind:
 
@@ -35,11 +37,18 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
 from ..pipeline.contract import Kind
 from ..pipeline.dataset import AggregateKind, Dataset, Gold
 from ..pipeline.expectations import Action, Expectation, Rule
+from ..pipeline.formats import Format
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..pipeline.delta.tables import Lakehouse
 
 BROKEN_PREFIX = b"{broken record "
@@ -75,7 +84,37 @@ def _window_start(at: datetime, seconds: int) -> datetime:
     return _EPOCH + timedelta(microseconds=elapsed - elapsed % (seconds * 1_000_000))
 
 
-def _parsed(value: bytes) -> dict:
+def record_reader(dataset: Dataset, registry: dict | None = None) -> Callable[[bytes], dict]:
+    """How the oracle reads a committed value of ``dataset`` into a dict of its fields, as its JSON would
+    hold them (a timestamp as ISO text, a decimal as a Decimal): ``json``, or for an Avro dataset
+    ``AvroDeserializer`` through the registry ``registry`` configures.
+
+    Example::
+
+        record_reader(ORDERS, {"url": "http://127.0.0.1:8081"})(value)["order_id"]
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if dataset.format is Format.JSON:
+        return _json
+    if dataset.format is not Format.AVRO:
+        raise ValueError(f"dataset {dataset.name}: the oracle reads JSON and Avro values, not {dataset.format}")
+    if not isinstance(registry, dict) or not registry.get("url"):
+        raise ValueError(f"dataset {dataset.name} is in Avro: registry must configure a schema registry client")
+    deserializer = AvroDeserializer(SchemaRegistryClient(registry))
+    context = SerializationContext("", MessageField.VALUE)
+
+    def read(value: bytes) -> dict:
+        record = deserializer(value, context)
+        return {
+            name: item.astimezone(UTC).isoformat() if isinstance(item, datetime) else item
+            for name, item in record.items()
+        }
+
+    return read
+
+
+def _json(value: bytes) -> dict:
     return json.loads(value, parse_float=Decimal)
 
 
@@ -139,10 +178,18 @@ def _same(found, expected, kind: AggregateKind) -> bool:
     return found == expected
 
 
-def judge_dataset(spark, lakehouse: Lakehouse, dataset: Dataset, committed: list[bytes], gold_window: str) -> dict:
+def judge_dataset(
+    spark,
+    lakehouse: Lakehouse,
+    dataset: Dataset,
+    committed: list[bytes],
+    gold_window: str,
+    registry: dict | None = None,
+) -> dict:
     """What ``dataset``'s tables in ``lakehouse`` hold that ``committed`` (every record value committed to
     its topics, in any order) does not warrant, by kind (module docstring): {kind: count}, all 0 when exact.
-    Spark only reads the tables; ``judge_rows`` judges them.
+    Spark only reads the tables; ``judge_rows`` judges them (an Avro dataset's values read through
+    ``registry``, ``record_reader``).
 
     Example::
 
@@ -156,7 +203,7 @@ def judge_dataset(spark, lakehouse: Lakehouse, dataset: Dataset, committed: list
 
     golds = {gold.name: rows(dataset.gold_table(gold)) for gold in dataset.golds}
     tables = (rows(dataset.bronze), rows(dataset.silver), rows(dataset.quarantine))
-    return judge_rows(dataset, committed, *tables, golds, gold_window)
+    return judge_rows(dataset, committed, *tables, golds, gold_window, registry)
 
 
 def judge_rows(
@@ -167,6 +214,7 @@ def judge_rows(
     quarantine: list[dict],
     golds: dict[str, list[dict]],
     gold_window: str,
+    registry: dict | None = None,
 ) -> dict[str, int]:
     """``judge_dataset`` on the tables' rows, each a dict of its columns; ``golds`` by gold name.
 
@@ -177,14 +225,15 @@ def judge_rows(
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
     window_seconds(gold_window)
+    read = record_reader(dataset, registry)
     findings = Counter({"bronze": 0, "silver": 0, "quarantine": 0, "gold": 0})
     held_values = Counter(bytes(row["value"]) for row in bronze if row["value"] is not None)
     expected_values = Counter(committed)
     findings["bronze"] = sum(((held_values - expected_values) + (expected_values - held_values)).values())
 
     broken = [value for value in committed if value.startswith(BROKEN_PREFIX)]
-    unmet = Counter((value, reason) for value in committed if (reason := unmet_reason(dataset, value)) is not None)
-    valid, first_of_key = _valid_records(dataset, committed)
+    unmet = Counter((value, reason) for value in committed if (reason := _unmet(dataset, read, value)) is not None)
+    valid, first_of_key = _valid_records(dataset, read, committed)
     copies = len(valid) - len(first_of_key) if dataset.dedup_key else 0
     names = [each.name for each in dataset.contract.fields]
 
@@ -217,7 +266,7 @@ def judge_rows(
         # "duplicate of <topic>/<partition>/<offset>": the record silver keeps, of the same key.
         topic, partition, offset = row["reason"].removeprefix(DUPLICATE_OF).rsplit("/", 2)
         kept = silver_at.get((topic, int(partition), int(offset)))
-        copy = _parsed(bytes(row["value"])) if row["value"] is not None else {}
+        copy = read(bytes(row["value"])) if row["value"] is not None else {}
         if kept is None or key_of_row(kept) != _key(dataset, copy):
             findings["quarantine"] += 1
     in_both = {(row["topic"], row["partition"], row["offset"]) for row in quarantine} & set(silver_at)
@@ -229,7 +278,14 @@ def judge_rows(
     return dict(findings)
 
 
-def judge_published(dataset: Dataset, committed: list[bytes], gold: Gold, rows: list[dict], gold_window: str) -> int:
+def judge_published(
+    dataset: Dataset,
+    committed: list[bytes],
+    gold: Gold,
+    rows: list[dict],
+    gold_window: str,
+    registry: dict | None = None,
+) -> int:
     """The rows of ``gold`` an egress's sink holds (``rows``: each a dict of the gold's columns, its window
     start an instant or its ISO text) that ``committed`` does not warrant: missing, unexpected or wrong.
 
@@ -240,17 +296,19 @@ def judge_published(dataset: Dataset, committed: list[bytes], gold: Gold, rows: 
     if not isinstance(dataset, Dataset) or gold not in dataset.golds:
         raise ValueError(f"gold must be one of the golds of dataset {getattr(dataset, 'name', dataset)!r}")
     window_seconds(gold_window)
-    valid, first_of_key = _valid_records(dataset, committed)
+    valid, first_of_key = _valid_records(dataset, record_reader(dataset, registry), committed)
     return _rows_wrong(dataset, _kept(dataset, valid, first_of_key), gold, rows, gold_window)
 
 
-def _valid_records(dataset: Dataset, committed: list[bytes]) -> tuple[list[dict], dict[tuple, dict]]:
-    """The committed records neither broken nor failing a quarantining expectation, parsed, and the first of
+def _valid_records(
+    dataset: Dataset, read: Callable[[bytes], dict], committed: list[bytes]
+) -> tuple[list[dict], dict[tuple, dict]]:
+    """The committed records neither broken nor failing a quarantining expectation, read, and the first of
     each business key among them (an expectation judges a record before its key is looked up)."""
     valid = [
-        _parsed(value)
+        read(value)
         for value in committed
-        if not value.startswith(BROKEN_PREFIX) and unmet_reason(dataset, value) is None
+        if not value.startswith(BROKEN_PREFIX) and _unmet(dataset, read, value) is None
     ]
     first_of_key: dict[tuple, dict] = {}
     for record in valid:
@@ -258,14 +316,19 @@ def _valid_records(dataset: Dataset, committed: list[bytes]) -> tuple[list[dict]
     return valid, first_of_key
 
 
-def unmet_reason(dataset: Dataset, value: bytes) -> str | None:
+def unmet_reason(dataset: Dataset, value: bytes, registry: dict | None = None) -> str | None:
     """The quarantine reason of a record the contract reads that fails one of ``dataset``'s quarantining
     expectations: the first it fails, in declaration order; None when it meets them all or is broken.
+    An Avro dataset's value is read through ``registry`` (``record_reader``).
 
     Example::
 
         unmet_reason(ORDERS, b'{"order_id": "o1", ..., "total": -0.99}')  # "expectation total_positive not met"
     """
+    return _unmet(dataset, record_reader(dataset, registry), value)
+
+
+def _unmet(dataset: Dataset, read: Callable[[bytes], dict], value: bytes) -> str | None:
     if value.startswith(BROKEN_PREFIX):
         return None
     record = None
@@ -277,7 +340,7 @@ def unmet_reason(dataset: Dataset, value: bytes) -> str | None:
                 f"dataset {dataset.name}: expectation {expectation.name} is a {expectation.rule} rule, which this "
                 f"oracle cannot judge from a record's JSON alone ({', '.join(JUDGED_RULES)} it can)"
             )
-        record = record if record is not None else _parsed(value)
+        record = record if record is not None else read(value)
         if not _meets(expectation, record.get(expectation.argument("field"))):
             return UNMET.format(name=expectation.name)
     return None

@@ -2,7 +2,9 @@
 
 ``sample_records`` are the events dataset's: key = user_id (UTF-8); value = JSON
 {"event_id", "event_time" (ISO-8601 with offset), "user_id", "event_type", "amount"}.
-``contract_records`` are any dataset's, drawn from its declaration.
+``contract_records`` are any dataset's, drawn from its declaration, written as the dataset's format
+says (``value_writer``): a JSON object, or Avro in the Confluent wire format by confluent-kafka's own
+``AvroSerializer`` through a schema registry.
 """
 
 from __future__ import annotations
@@ -10,15 +12,19 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ..pipeline.contract import Contract, Field, Kind
 from ..pipeline.dataset import Dataset
 from ..pipeline.expectations import Action, Expectation, Rule
+from ..pipeline.formats import Format
 
 EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 # One of each way a record can be bad; the silver layer must quarantine every one.
@@ -34,6 +40,18 @@ MALFORMED_VALUES: tuple[bytes | None, ...] = (
 )
 
 Record = tuple[bytes, bytes | None]
+# A producer's writing of one record's values (a dict of field names to values) as a Kafka value.
+ValueWriter = Callable[[dict], bytes]
+# The Avro type a producer writes each kind of field in (a decimal: bytes with its precision and scale).
+AVRO_TYPES: dict[Kind, object] = {
+    Kind.STRING: "string",
+    Kind.TIMESTAMP: {"type": "long", "logicalType": "timestamp-micros"},
+    Kind.INTEGER: "int",
+    Kind.LONG: "long",
+    Kind.BOOLEAN: "boolean",
+}
+# A schema id no registry has handed out yet: a record naming it is unreadable.
+UNKNOWN_SCHEMA_ID = 2**31 - 1
 
 
 def sample_event(index: int, rng: random.Random, start: datetime, prefix: str) -> dict:
@@ -57,6 +75,7 @@ def contract_records(
     start: datetime | None = None,
     prefix: str | None = None,
     unexpected_ratio: float = 0.0,
+    write: ValueWriter | None = None,
 ) -> Iterator[Record]:
     """``count`` records of ``dataset``, their values drawn from its contract, reproducible for a seed.
 
@@ -70,12 +89,21 @@ def contract_records(
     expectation a producer can break from its declaration (``breakable``): a number out of its range, a
     value out of its set, an optional field left out.
 
+    Each value is written by ``write``: a JSON dataset's by default; a dataset in another format needs
+    its ``value_writer``. An Avro dataset's bad records are bad in the wire format's ways instead (no
+    magic byte, a schema id the registry never gave, a body cut short, no value).
+
     Example::
 
         produce(client_config(config), "orders", contract_records(ORDERS, 1000, retry_ratio=0.02))
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if write is None and dataset.format is not Format.JSON:
+        raise ValueError(
+            f"dataset {dataset.name} is written in {dataset.format}: pass write=value_writer(dataset, registry, topic)"
+        )
+    write = write or _json_object
     ratios = (
         ("malformed_ratio", malformed_ratio),
         ("retry_ratio", retry_ratio),
@@ -104,12 +132,15 @@ def contract_records(
         }
         key = str(values.get(keyed_by, "")).encode() or None
         if rng.random() < malformed_ratio:
-            yield key, _malformed(contract, values, index)
+            if dataset.format is Format.JSON:
+                yield key, _malformed(contract, values, index)
+            else:
+                yield key, _malformed_wire(write(values), index)
             continue
         if broken_rule is not None and rng.random() < unexpected_ratio:
-            yield key, _json_object(_breaking(broken_rule, dataset, values))
+            yield key, write(_breaking(broken_rule, dataset, values))
             continue
-        record = (key, _json_object(values))
+        record = (key, write(values))
         sent.append(record)
         yield record
 
@@ -195,6 +226,76 @@ def _malformed(contract: Contract, values: dict, index: int) -> bytes | None:
         None,
     )
     return ways[index % len(ways)]
+
+
+def _malformed_wire(written: bytes, index: int) -> bytes | None:
+    """One of the ways a record in the Confluent wire format is bad, in turn by ``index``: ``written`` (a good
+    record's bytes) without its magic byte, naming a schema id the registry never gave, cut short, or no value."""
+    ways = (
+        b"{not in the wire format}",
+        b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + written[5:],
+        written[:6],
+        None,
+    )
+    return ways[index % len(ways)]
+
+
+def value_writer(dataset: Dataset, registry: dict | None = None, topic: str | None = None) -> ValueWriter:
+    """How a producer writes ``dataset``'s values (dicts of its fields, as ``contract_records`` draws them):
+    a JSON object; or, for an Avro dataset, confluent-kafka's ``AvroSerializer`` with a writer schema made
+    from the contract (``writer_schema``), registered under ``<topic>-value`` in the registry that
+    ``registry`` (SchemaRegistryClient's configuration) names, in the Confluent wire format.
+
+    Example::
+
+        write = value_writer(ORDERS, {"url": "http://127.0.0.1:8081"}, "orders")
+        produce(client_config(config), "orders", contract_records(ORDERS, 100, write=write))
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    if dataset.format is Format.JSON:
+        return _json_object
+    if dataset.format is not Format.AVRO:
+        raise ValueError(f"dataset {dataset.name}: sample values are written in JSON or Avro, not {dataset.format}")
+    if not isinstance(registry, dict) or not registry.get("url"):
+        raise ValueError(f"dataset {dataset.name} is in Avro: registry must configure a schema registry client")
+    if not topic:
+        raise ValueError(f"dataset {dataset.name} is in Avro: name the topic its schema's subject is named after")
+    serializer = AvroSerializer(SchemaRegistryClient(registry), writer_schema(dataset))
+    context = SerializationContext(topic, MessageField.VALUE)
+    timestamps = {field.name for field in dataset.contract.fields if field.kind is Kind.TIMESTAMP}
+
+    def write(values: dict) -> bytes:
+        record = {name: None for name in dataset.contract.names}
+        for name, value in values.items():
+            record[name] = datetime.fromisoformat(value) if name in timestamps else value
+        return serializer(record, context)
+
+    return write
+
+
+def writer_schema(dataset: Dataset) -> str:
+    """The Avro schema a producer of ``dataset`` writes with: a record of its contract's fields, each of the
+    kind's Avro type (``AVRO_TYPES``; a decimal with its precision and scale), an optional one a union with
+    null that defaults to it.
+
+    Example::
+
+        writer_schema(ORDERS)  # '{"type": "record", "name": "orders", "namespace": "sample", ...}'
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a Dataset, not {type(dataset).__name__}")
+    fields = []
+    for field in dataset.contract.fields:
+        if field.kind is Kind.DECIMAL:
+            avro_type = {"type": "bytes", "logicalType": "decimal", "precision": field.precision, "scale": field.scale}
+        else:
+            avro_type = AVRO_TYPES[field.kind]
+        if field.required:
+            fields.append({"name": field.name, "type": avro_type})
+        else:
+            fields.append({"name": field.name, "type": ["null", avro_type], "default": None})
+    return json.dumps({"type": "record", "name": dataset.name, "namespace": "sample", "fields": fields})
 
 
 def sample_records(

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
-from .config import Config, ConfigError, duration_seconds
+from .config import LOCAL_REGISTRY, Config, ConfigError, duration_seconds
 from .contract import (
     EVENT_TIME_RANGE,
     NOT_AN_OBJECT,
@@ -254,6 +254,12 @@ def schemas_for(config: Config, dataset: Dataset) -> WriterSchemas | None:
         raise ConfigError(
             f"schema_registry.url: dataset {dataset.name} is in {dataset.format}, which names its writer schemas "
             "in a registry: set its URL (SCHEMA_REGISTRY_URL; `local` for the registry of `registry-local start`)"
+        )
+    if url == LOCAL_REGISTRY:
+        # A command resolves "local" only for the datasets it runs (cli/local_servers.py).
+        raise ConfigError(
+            f"schema_registry.url: is 'local', resolved only for the datasets a command runs, and dataset "
+            f"{dataset.name} is not among them: name it in PIPELINE_DATASETS, or set SCHEMA_REGISTRY_URL"
         )
     return writer_schemas(RegistryAccess.of(config.schema_registry))
 

@@ -1,10 +1,12 @@
 """The orders dataset: the shop's orders, an example of a second dataset beside the events.
 
 Its topics are named in ``[dataset_orders]`` of each environment's config (conf/<env>.toml). Each
-record's value is a JSON object {"order_id", "ordered_at" (ISO-8601 with offset), "shop",
-"customer", "total" (a JSON number, two decimals)}. A producer that retries sends an order again as a
-new Kafka record: silver keeps the first record of each ``order_id`` within a day of event time and
-quarantines the others as ``duplicate of <topic>/<partition>/<offset>``.
+record's value is Avro in the Confluent wire format: a record {"order_id", "ordered_at" (a timestamp),
+"shop", "customer", "total" (a decimal of two places)}, read with the writer schema its id names in the
+schema registry (``[schema_registry]``), resolved into this contract (``pipeline/formats/avro.py``). A
+producer that retries sends an order again as a new Kafka record: silver keeps the first record of
+each ``order_id`` within a day of event time and quarantines the others as
+``duplicate of <topic>/<partition>/<offset>``.
 
 Its expectations, one of each action (``pipeline/expectations.py``): an order whose total is not
 positive goes to quarantine as ``expectation total_positive not met``; an order over 90,000 stays in
@@ -24,6 +26,7 @@ streams ``orders_bronze``, ``orders_silver``, ``orders_gold_by_shop``, ``orders_
 from ..contract import Contract, Field, Kind
 from ..dataset import Aggregate, AggregateKind, Dataset, Gold
 from ..expectations import Action, QuarantineLimit, in_range, not_after
+from ..formats import Format
 
 ORDERS = Contract(
     fields=(
@@ -42,6 +45,7 @@ ORDERS = Contract(
 DATASET = Dataset(
     name="orders",
     contract=ORDERS,
+    format=Format.AVRO,
     golds=(
         Gold(
             "by_shop",
