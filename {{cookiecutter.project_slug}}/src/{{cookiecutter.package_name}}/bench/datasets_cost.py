@@ -37,7 +37,8 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from ..devtools.chaos import send_transaction
-from ..devtools.sample import contract_records, produce
+from ..devtools.registry_local import LocalRegistry
+from ..devtools.sample import contract_records, produce, value_writer
 from ..pipeline.config import DATASET_PREFIX, Config
 from ..pipeline.dataset import AggregateKind, Dataset, Gold, Naming
 from ..pipeline.datasets import DATASETS, SWITCH_VAR, check_apart
@@ -55,8 +56,6 @@ MEBIBYTE = 2**20
 def cost_datasets(count: int) -> tuple[Dataset, ...]:
     """The ``count`` datasets of a run: the project's in declaration order, then copies of its second (its
     first, in a project of one) named ``<name>2``, ``<name>3``, ... with tables and streams of their own.
-    Each in JSON, whatever its declared format: the phase measures what a dataset costs the driver, and the
-    formats phase what Avro costs.
 
     Example::
 
@@ -64,8 +63,8 @@ def cost_datasets(count: int) -> tuple[Dataset, ...]:
     """
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive number of datasets, got {count!r}")
-    chosen = [dataclasses.replace(each, format=Format.JSON) for each in DATASETS[:count]]
-    model = dataclasses.replace(DATASETS[1] if len(DATASETS) > 1 else DATASETS[0], format=Format.JSON)
+    chosen = list(DATASETS[:count])
+    model = DATASETS[1] if len(DATASETS) > 1 else DATASETS[0]
     taken = {each.name for each in DATASETS}
     number = 2
     while len(chosen) < count:
@@ -169,11 +168,15 @@ class DatasetsRun:
     """The streams of ``datasets`` running in this driver on a fresh lakehouse under ``root``, each dataset
     reading its topic of ``topics``."""
 
-    def __init__(self, bench: Bench, root: Path, datasets: tuple[Dataset, ...], topics: dict[str, str]):
+    def __init__(
+        self, bench: Bench, root: Path, datasets: tuple[Dataset, ...], topics: dict[str, str], registry: str = ""
+    ):
         self.bench = bench
         self.datasets = datasets
         first = datasets[0]
-        base = bench.phase_config(root, topics[first.name], trigger=bench.sizes.overhead_trigger)
+        base = with_registry(
+            bench.phase_config(root, topics[first.name], trigger=bench.sizes.overhead_trigger), registry
+        )
         self.configs = {each.name: dataset_config(base, each, topics[each.name]) for each in datasets}
         self.streams = {each.name: stream_names(self.configs[each.name], each) for each in datasets}
         self.queries: dict = {}
@@ -264,13 +267,13 @@ class DatasetsRun:
             }
         return spans
 
-    def one_record(self, dataset: Dataset, topic: str, producer, seed: int) -> dict:
+    def one_record(self, dataset: Dataset, topic: str, producer, seed: int, write) -> dict:
         """One record of ``dataset`` through its running streams, sent by ``producer`` (transactional, its
         transactions initialised): from before it is produced to the end of the last of its streams' batches
         carrying it, and each of those batches' time."""
         self.log.poll()
         before = {name: set(self.log.batches[name]) for name in self.streams[dataset.name]}
-        records = list(contract_records(dataset, 1, seed, prefix=f"bench-cost-one-{seed}"))
+        records = list(contract_records(dataset, 1, seed, prefix=f"bench-cost-one-{seed}", write=write))
         sent_at = time.time()
         send_transaction(producer, topic, records, commit=True)
         deadline = time.monotonic() + self.bench.sizes.timeout_s
@@ -297,16 +300,38 @@ class DatasetsRun:
 
 def measure(bench: Bench) -> None:
     sizes = bench.sizes
-    records = sizes.datasets_records
     everyone = cost_datasets(max(sizes.dataset_counts))
     run_id = uuid.uuid4().hex[:8]
     topics = {each.name: bench.create_topic(f"bench-datasets-{each.name}-{run_id}") for each in everyone}
+    # A dataset in Avro (the orders example) is written and read through a registry of the phase's own.
+    registry = None
+    if any(each.format is not Format.JSON for each in everyone):
+        say("datasets cost: starting a private schema registry")
+        registry = LocalRegistry(bench.work / "datasets-registry")
+    url = registry.start() if registry is not None else ""
+    try:
+        _measure(bench, everyone, topics, run_id, url)
+    finally:
+        if registry is not None:
+            registry.stop()
+
+
+def _measure(bench: Bench, everyone: tuple[Dataset, ...], topics: dict[str, str], run_id: str, url: str) -> None:
+    """The phase's runs on the topics ``topics`` of ``everyone``, each Avro dataset through the registry ``url``."""
+    sizes = bench.sizes
+    records = sizes.datasets_records
+    writers = {each.name: value_writer(each, {"url": url} if url else None, topics[each.name]) for each in everyone}
     produced = {}
     for index, each in enumerate(everyone):
         say(f"datasets cost: producing {records:,} {each.name} records")
         config = bench.phase_config(bench.work / "datasets-produce", topics[each.name])
         sample = contract_records(
-            each, records, seed=300 + index, malformed_ratio=MALFORMED_RATIO, prefix=f"bench-cost-{each.name}"
+            each,
+            records,
+            seed=300 + index,
+            malformed_ratio=MALFORMED_RATIO,
+            prefix=f"bench-cost-{each.name}",
+            write=writers[each.name],
         )
         produce(client_config(config, **{"queue.buffering.max.messages": 1_000_000}), topics[each.name], sample)
         produced[each.name] = records
@@ -328,7 +353,7 @@ def measure(bench: Bench) -> None:
             names = ", ".join(each.name for each in datasets)
             say(f"datasets cost: {count} dataset(s) in one driver ({names}): starting their streams")
             memory_before = driver_memory(bench)
-            run = DatasetsRun(bench, bench.work / f"datasets-{count}", datasets, topics)
+            run = DatasetsRun(bench, bench.work / f"datasets-{count}", datasets, topics, url)
             try:
                 start_s = run.start()
                 say(f"datasets cost: {count} dataset(s): draining {records:,} records each")
@@ -339,7 +364,8 @@ def measure(bench: Bench) -> None:
                     step = f"{repeat + 1}/{sizes.overhead_repeats}"
                     say(f"datasets cost: {count} dataset(s): one record of {datasets[0].name} ({step})")
                     topic = topics[datasets[0].name]
-                    latencies.append(run.one_record(datasets[0], topic, producer, seed=900 + 10 * count + repeat))
+                    seed = 900 + 10 * count + repeat
+                    latencies.append(run.one_record(datasets[0], topic, producer, seed, writers[datasets[0].name]))
                     produced[datasets[0].name] += 1
             finally:
                 run.stop()
@@ -360,6 +386,13 @@ def measure(bench: Bench) -> None:
         if switch is not None:
             os.environ[SWITCH_VAR] = switch
     record(bench, runs)
+
+
+def with_registry(config: Config, url: str) -> Config:
+    """``config`` with ``url`` as its schema registry's (unchanged without one)."""
+    if not url:
+        return config
+    return config.model_copy(update={"schema_registry": config.schema_registry.model_copy(update={"url": url})})
 
 
 def record(bench: Bench, runs: dict[int, dict]) -> None:

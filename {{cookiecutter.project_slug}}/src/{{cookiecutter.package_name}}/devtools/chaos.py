@@ -287,16 +287,19 @@ def storage_env(config) -> dict[str, str]:
 
 def registry_env(config) -> dict[str, str]:
     """The environment that points a pipeline process at ``config``'s schema registry ({} without one): the
-    resolved settings, as ``storage_env`` gives the S3 server's; a password by the file that holds it."""
+    resolved settings, as ``storage_env`` gives the S3 server's; a secret by the file that holds it (one
+    from a variable reaches the process in the variable it came in)."""
     settings = config.schema_registry
     if not settings.url:
         return {}
     env = {"SCHEMA_REGISTRY_URL": settings.url}
-    if settings.ssl_ca_location:
-        env["SCHEMA_REGISTRY_SSL_CA_LOCATION"] = settings.ssl_ca_location
-    if settings.basic_auth_username:
-        env["SCHEMA_REGISTRY_BASIC_AUTH_USERNAME"] = settings.basic_auth_username
-        env["SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE"] = settings.basic_auth_password_file or ""
+    named = {
+        "SCHEMA_REGISTRY_SSL_CA_LOCATION": settings.ssl_ca_location,
+        "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME": settings.basic_auth_username,
+        "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD_FILE": settings.basic_auth_password_file,
+        "SCHEMA_REGISTRY_BEARER_TOKEN_FILE": settings.bearer_token_file,
+    }
+    env.update({variable: value for variable, value in named.items() if value})
     return env
 
 
