@@ -38,7 +38,7 @@ from confluent_kafka import Producer
 
 from ..devtools.chaos import send_transaction
 from ..devtools.registry_local import LocalRegistry
-from ..devtools.sample import contract_records, produce, value_writer
+from ..devtools.sample import contract_records, dataset_writer, produce
 from ..pipeline.config import DATASET_PREFIX, Config
 from ..pipeline.dataset import AggregateKind, Dataset, Gold, Naming
 from ..pipeline.datasets import DATASETS, SWITCH_VAR, check_apart
@@ -320,7 +320,15 @@ def _measure(bench: Bench, everyone: tuple[Dataset, ...], topics: dict[str, str]
     """The phase's runs on the topics ``topics`` of ``everyone``, each Avro dataset through the registry ``url``."""
     sizes = bench.sizes
     records = sizes.datasets_records
-    writers = {each.name: value_writer(each, {"url": url} if url else None, topics[each.name]) for each in everyone}
+    # Each dataset written as its producers write it; an Avro one through the registry ``url``.
+    writers = {
+        each.name: dataset_writer(
+            with_registry(bench.phase_config(bench.work / "datasets-produce", topics[each.name]), url),
+            each,
+            topics[each.name],
+        )
+        for each in everyone
+    }
     produced = {}
     for index, each in enumerate(everyone):
         say(f"datasets cost: producing {records:,} {each.name} records")

@@ -100,8 +100,7 @@ SAMPLE_UNEXPECTED_RATIO = 0.01
 
 
 def produce_sample(config: Config, args: argparse.Namespace) -> int:
-    from ..devtools.chaos import dataset_writer
-    from ..devtools.sample import breakable, contract_records, produce, sample_records
+    from ..devtools.sample import breakable, contract_records, dataset_writer, produce, sample_records
     from ..pipeline.datasets import DATASETS, config_of
     from ..pipeline.kafka.clients import client_config, ensure_topics
 

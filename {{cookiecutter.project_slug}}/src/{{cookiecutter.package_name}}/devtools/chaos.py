@@ -37,10 +37,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from py4j.java_gateway import JavaClass
 
 from ..pipeline.dataset import Dataset
-from ..pipeline.formats import Format
 from .kafka_local import partitions_with_leaders
 from .oracle import BROKEN_PREFIX, judge_dataset, judge_published
-from .sample import EVENT_TYPES, ValueWriter, breakable, contract_records, value_writer
+from .sample import EVENT_TYPES, ValueWriter, breakable, contract_records, dataset_writer, registry_client
 
 EVENT_START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 MALFORMED_EVERY = 17
@@ -301,25 +300,6 @@ def registry_env(config) -> dict[str, str]:
     }
     env.update({variable: value for variable, value in named.items() if value})
     return env
-
-
-def registry_client(config, dataset: Dataset) -> dict | None:
-    """confluent-kafka's SchemaRegistryClient configuration for ``config``'s registry, where ``dataset`` names
-    its writer schemas there (not JSON); None for a JSON dataset. ValueError naming schema_registry.url when
-    the config names no registry for it."""
-    from ..pipeline.formats.registry import RegistryAccess, client_conf
-
-    if dataset.format is Format.JSON:
-        return None
-    if not config.schema_registry.url.startswith(("http://", "https://")):
-        raise ValueError(f"schema_registry.url: dataset {dataset.name} is in {dataset.format}: name a running registry")
-    return client_conf(RegistryAccess.of(config.schema_registry))
-
-
-def dataset_writer(config, dataset: Dataset, topic: str) -> ValueWriter:
-    """How the runner's producer writes ``dataset``'s values to ``topic`` (``sample.value_writer``): an Avro
-    dataset's through ``config``'s schema registry."""
-    return value_writer(dataset, registry_client(config, dataset), topic)
 
 
 def egress_env(config, run: str, admin: AdminClient, second: Dataset | None = None) -> dict[str, str]:

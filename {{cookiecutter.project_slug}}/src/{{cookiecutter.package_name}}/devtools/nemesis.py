@@ -113,7 +113,6 @@ from .chaos import (
     Ledger,
     batch_ids,
     dataset_values,
-    dataset_writer,
     egress_env,
     hadoop_filesystem,
     judge,
@@ -122,13 +121,13 @@ from .chaos import (
     pipeline_command,
     read_topic,
     record_id,
-    registry_client,
     registry_env,
     send_transaction,
     storage_env,
     wait_while_running,
 )
 from .oracle import judge_dataset
+from .sample import dataset_writer, registry_client
 
 # Each action's weight, in the order the schedule draws among those whose precondition holds.
 WEIGHTS = {

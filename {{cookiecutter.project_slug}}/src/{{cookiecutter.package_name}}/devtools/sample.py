@@ -25,6 +25,7 @@ from ..pipeline.contract import Contract, Field, Kind
 from ..pipeline.dataset import Dataset
 from ..pipeline.expectations import Action, Expectation, Rule
 from ..pipeline.formats import Format
+from ..pipeline.formats.registry import RegistryAccess, client_conf
 
 EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 # One of each way a record can be bad; the silver layer must quarantine every one.
@@ -272,6 +273,33 @@ def value_writer(dataset: Dataset, registry: dict | None = None, topic: str | No
         return serializer(record, context)
 
     return write
+
+
+def registry_client(config, dataset: Dataset) -> dict | None:
+    """confluent-kafka's SchemaRegistryClient configuration for ``config``'s registry, where ``dataset`` names
+    its writer schemas there (not JSON); None for a JSON dataset. ValueError naming schema_registry.url when
+    the config names no registry for it.
+
+    Example::
+
+        registry_client(config, ORDERS)["url"]  # "http://127.0.0.1:8081/apis/ccompat/v7"
+    """
+    if dataset.format is Format.JSON:
+        return None
+    if not config.schema_registry.url.startswith(("http://", "https://")):
+        raise ValueError(f"schema_registry.url: dataset {dataset.name} is in {dataset.format}: name a running registry")
+    return client_conf(RegistryAccess.of(config.schema_registry))
+
+
+def dataset_writer(config, dataset: Dataset, topic: str) -> ValueWriter:
+    """How a producer of ``config``'s writes ``dataset``'s values to ``topic`` (``value_writer``): an Avro
+    dataset's through ``config``'s schema registry.
+
+    Example::
+
+        write = dataset_writer(config, ORDERS, "orders")
+    """
+    return value_writer(dataset, registry_client(config, dataset), topic)
 
 
 def writer_schema(dataset: Dataset) -> str:
