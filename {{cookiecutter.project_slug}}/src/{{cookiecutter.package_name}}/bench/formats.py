@@ -33,7 +33,7 @@ from ..pipeline.datasets import DATASETS
 from ..pipeline.expectations import Expectation, condition, in_range, matches, not_after, not_null
 from ..pipeline.formats import Format, wire
 from ..pipeline.formats.avro import reader_schema
-from ..pipeline.formats.registry import WriterSchemas
+from ..pipeline.formats.registry import WriterSchemas, client_conf
 from .harness import Bench, say
 
 WAYS = ("json", "avro", "plain_avro", "json_ten_expectations")
@@ -97,7 +97,7 @@ def measure(bench: Bench) -> None:
     try:
         schema = reader_schema(dataset.contract)
         writer_text = json.dumps(schema)
-        schema_id = SchemaRegistryClient({"url": url}).register_schema(
+        schema_id = SchemaRegistryClient(client_conf(url)).register_schema(
             "bench-formats-value", Schema(writer_text, "AVRO")
         )
         parsed_schema = fastavro.parse_schema(schema)

@@ -35,16 +35,17 @@ import re
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ..pipeline.contract import Kind
 from ..pipeline.dataset import AggregateKind, Dataset, Gold
 from ..pipeline.expectations import Action, Expectation, Rule
 from ..pipeline.formats import Format
+from ..pipeline.formats.registry import REQUEST_TIMEOUT_S
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -101,17 +102,25 @@ def record_reader(dataset: Dataset, registry: dict | None = None) -> Callable[[b
         raise ValueError(f"dataset {dataset.name}: the oracle reads JSON and Avro values, not {dataset.format}")
     if not isinstance(registry, dict) or not registry.get("url"):
         raise ValueError(f"dataset {dataset.name} is in Avro: registry must configure a schema registry client")
-    deserializer = AvroDeserializer(SchemaRegistryClient(registry))
-    context = SerializationContext("", MessageField.VALUE)
+    deserializer = _avro_deserializer(tuple(sorted(registry.items())))
 
     def read(value: bytes) -> dict:
-        record = deserializer(value, context)
+        # No serialization context: the value's schema id is all the oracle reads it by (a context makes
+        # the deserializer ask the registry which subject a topic is associated with, at every call).
+        record = deserializer(value, None)
         return {
             name: item.astimezone(UTC).isoformat() if isinstance(item, datetime) else item
             for name, item in record.items()
         }
 
     return read
+
+
+@lru_cache(maxsize=8)
+def _avro_deserializer(registry: tuple) -> AvroDeserializer:
+    """One deserializer, and so one registry client and its cache of schemas, per registry configuration:
+    a client per record would open a connection per record and never close it."""
+    return AvroDeserializer(SchemaRegistryClient({"timeout": REQUEST_TIMEOUT_S, **dict(registry)}))
 
 
 def _json(value: bytes) -> dict:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient, topic_subject_name_strategy
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -25,7 +25,7 @@ from ..pipeline.contract import Contract, Field, Kind
 from ..pipeline.dataset import Dataset
 from ..pipeline.expectations import Action, Expectation, Rule
 from ..pipeline.formats import Format
-from ..pipeline.formats.registry import RegistryAccess, client_conf
+from ..pipeline.formats.registry import REQUEST_TIMEOUT_S, RegistryAccess, client_conf
 
 EVENT_TYPES = ("page_view", "add_to_cart", "purchase", "refund")
 # One of each way a record can be bad; the silver layer must quarantine every one.
@@ -262,7 +262,13 @@ def value_writer(dataset: Dataset, registry: dict | None = None, topic: str | No
         raise ValueError(f"dataset {dataset.name} is in Avro: registry must configure a schema registry client")
     if not topic:
         raise ValueError(f"dataset {dataset.name} is in Avro: name the topic its schema's subject is named after")
-    serializer = AvroSerializer(SchemaRegistryClient(registry), writer_schema(dataset))
+    # The subject is the topic's, `<topic>-value`, named outright: left to its default, the serializer first
+    # asks the registry which subject the topic is associated with.
+    serializer = AvroSerializer(
+        SchemaRegistryClient({"timeout": REQUEST_TIMEOUT_S, **registry}),
+        writer_schema(dataset),
+        conf={"subject.name.strategy": topic_subject_name_strategy},
+    )
     context = SerializationContext(topic, MessageField.VALUE)
     timestamps = {field.name for field in dataset.contract.fields if field.kind is Kind.TIMESTAMP}
 
