@@ -24,17 +24,22 @@ from {{ cookiecutter.package_name }}.bench import (
     sdp,
 )
 from {{ cookiecutter.package_name }}.bench.datasets_cost import cost_datasets, dataset_config
+from {{ cookiecutter.package_name }}.bench.harness import on_cpus, own_cpus
 from {{ cookiecutter.package_name }}.bench.latency import KEPT_UP, latency_trend
 from {{ cookiecutter.package_name }}.bench.peer import (
     FLOWS_FILE,
+    ROCKSDB_PROVIDER,
+    Dedup,
     combine_runs,
     empty_spans,
     flow_times,
     gold_empty_seconds,
+    layer_times,
     pipeline_configuration,
     pipeline_spec,
     read_through,
     spark_defaults,
+    spread,
     unread,
     write_spark_defaults,
     write_spec,
@@ -85,6 +90,8 @@ TINY = dataclasses.replace(
     timeout_s=600.0,
     peer_records=2_000,
     peer_increment=500,
+    peer_pairs=1,
+    peer_variant_pairs=1,
     distinct_values_per_key=2,
     datasets_records=500,
     format_records=500,
@@ -228,14 +235,29 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
     assert details["latency_fast"]["trigger"] == TINY.latency_fast_trigger
     assert details["latency_fast"]["markers"] >= 2
     if sdp.installed():
-        # Both golds were compared after every workload (the phase fails when they differ).
-        runs = details["peer"]["runs"]
-        assert set(runs) == {"catch_up", "increment", "one_record"}
-        assert all(run["gold_rows"] > 0 for run in runs.values())
-        assert all(run["sdp"]["layer_seconds"].keys() == {"bronze", "silver", "gold"} for run in runs.values())
-        # SDP ran again while silver had not read all of bronze (SdpPeer.drain), at most three times.
-        assert all(1 <= run["sdp"]["runs"] <= 3 for run in runs.values())
-        assert all(not run["sdp"]["each_run"][-1]["silver_unread"] for run in runs.values())
+        # Every setup's pairs; after every workload of each, both golds and both quarantines were compared
+        # (the phase fails when they differ).
+        setups = details["peer"]["setups"]
+        assert {name: len(pairs) for name, pairs in setups.items()} == {
+            "fair": TINY.peer_pairs,
+            "rocksdb": TINY.peer_variant_pairs,
+            "capped": TINY.peer_variant_pairs,
+        }
+        for pair in (pair for pairs in setups.values() for pair in pairs):
+            runs = pair["workloads"]
+            assert set(runs) == {"catch_up", "increment", "one_record"}
+            assert all(run["gold_rows"] > 0 and run["quarantined"] > 0 for run in runs.values())
+            for run in runs.values():
+                for system in ("project", "sdp"):
+                    assert run[system]["layer_seconds"].keys() == {"bronze", "silver", "gold"}
+                    # Each layer's last commit after the one before it, the whole process after all of them.
+                    done = run[system]["done_s"]
+                    assert 0 < done["bronze"] <= done["gold"] < run[system]["wall_s"], (system, run[system])
+                # SDP ran again while silver had not read all of bronze (SdpPeer.drain), at most three times.
+                assert 1 <= run["sdp"]["runs"] <= 3 and not run["sdp"]["each_run"][-1]["silver_unread"]
+                # Every run's log is kept beside bench.json.
+                logs = [run["project"]["log"], *(each["log"] for each in run["sdp"]["each_run"])]
+                assert all(Path(log).is_file() and Path(log).is_relative_to(output / "evidence") for log in logs)
 
     plot = output / PLOT_FILE
     if importlib.util.find_spec("matplotlib") is not None:
@@ -449,6 +471,10 @@ def test_peer_spark_defaults_hold_the_static_settings_and_no_master(tmp_path):
     assert lines["spark.hadoop.javax.jdo.option.ConnectionURL"] == (
         f"jdbc:derby:;databaseName={tmp_path / 'metastore_db'};create=true"
     )
+    # The project's drains run with Spark's default driver memory: SDP's server is given it outright.
+    assert lines["spark.driver.memory"] == "1g"
+    with pytest.raises(ValueError, match="driver_memory"):
+        spark_defaults(JARS, tmp_path, driver_memory="a lot")
 
 
 def test_peer_spark_defaults_refuse_a_master_and_what_the_file_cannot_hold(tmp_path):
@@ -475,6 +501,19 @@ def test_peer_spec_names_the_flows_beside_it_and_only_session_settings(tmp_path)
     assert configuration["spark.sql.session.timeZone"] == "UTC"
     # A static setting there fails every flow with CANNOT_MODIFY_CONFIG.
     assert not {"spark.jars", "spark.sql.extensions", "spark.sql.warehouse.dir"} & configuration.keys()
+    # The settings the project's drains run with are SDP's too; by default a backlog in one batch, no dedup.
+    assert configuration["spark.sql.shuffle.partitions"] == str(config.shuffle_partitions)
+    assert configuration["spark.databricks.delta.snapshotPartitions"] == str(max(config.shuffle_partitions, 2))
+    assert configuration["peer.fetch_max_wait_ms"] == str(config.kafka.fetch_max_wait_ms)
+    assert configuration["peer.max_offsets_per_trigger"] == "0"
+    assert configuration["peer.bronze_dedup"] == "none"
+    assert "spark.sql.streaming.stateStore.providerClass" not in configuration
+    capped = pipeline_configuration(config, Dedup.ROCKSDB, capped=True)
+    assert capped["peer.max_offsets_per_trigger"] == str(config.kafka.max_offsets_per_trigger)
+    assert capped["peer.bronze_dedup"] == "rocksdb"
+    assert capped["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB_PROVIDER
+    with pytest.raises(TypeError, match="Dedup"):
+        pipeline_configuration(config, "rocksdb")
     with pytest.raises(ValueError, match="relative"):
         pipeline_spec("bench-peer", tmp_path, [str(FLOWS_FILE)], configuration)
 
@@ -540,6 +579,43 @@ def test_peer_gold_empty_seconds_run_from_the_commit_that_emptied_it_to_the_one_
     ]
     assert gold_empty_seconds(gold) == pytest.approx(22.75)
     assert gold_empty_seconds(gold, after_version=3) == pytest.approx(1.25)  # the last run's only
+
+
+def test_peer_layers_are_timed_from_each_tables_last_commit_after_the_launch(tmp_path):
+    # Launched at 100 s (wall clock), start-up 10 s; a table's commits before the workload do not count.
+    tables = {layer: tmp_path / layer for layer in ("bronze", "silver", "gold")}
+    write_delta_log(
+        tables["bronze"], [(50_000, "WRITE", ["old"], []), (130_000, "WRITE", ["a"], []), (140_000, "WRITE", ["b"], [])]
+    )
+    write_delta_log(tables["silver"], [(150_000, "WRITE", ["a"], [])])
+    # Gold's last commit before silver's: it ran beside silver, and its share is none.
+    write_delta_log(tables["gold"], [(60_000, "WRITE", ["old"], []), (145_000, "MERGE", ["a"], [])])
+
+    times = layer_times(tables, 100.0, {"bronze": 0, "silver": -1, "gold": 0}, 10.0)
+
+    assert times["done_s"] == {"bronze": 40.0, "silver": 50.0, "gold": 45.0}
+    assert times["layer_seconds"] == {"bronze": 30.0, "silver": 10.0, "gold": 0.0}
+    with pytest.raises(RuntimeError, match="silver: no commit after version 0"):
+        layer_times(tables, 100.0, {"bronze": 0, "silver": 0, "gold": 0}, 10.0)
+    with pytest.raises(ValueError, match="layers"):
+        layer_times({"bronze": tables["bronze"]}, 100.0, {"bronze": 0}, 10.0)
+
+
+def test_peer_pairs_are_reported_as_their_median_and_range():
+    assert spread([1.1, 0.9, 1.0, 1.3, 0.95]) == {"median": 1.0, "low": 0.9, "high": 1.3}
+    assert spread([2.0]) == {"median": 2.0, "low": 2.0, "high": 2.0}
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_both_systems_run_on_the_cpus_this_process_runs_on():
+    cpus = own_cpus()
+    assert on_cpus(["spark-pipelines", "run"], cpus) == ["taskset", "-c", cpus, "spark-pipelines", "run"]
+    assert on_cpus(["run"], None) == ["run"]
+    assert on_cpus(["run"], "0-3,6") == ["taskset", "-c", "0-3,6", "run"]
+    for wrong in ("0;reboot", "", "all"):
+        with pytest.raises(ValueError, match="cpus"):
+            on_cpus(["run"], wrong)
 
 
 def test_peer_gold_still_empty_at_its_last_commit_has_an_open_span(tmp_path):

@@ -144,6 +144,19 @@ def test_valid_event_becomes_one_typed_silver_row(spark):
     assert quarantined_records(parsed).count() == 0
 
 
+def test_bronze_columns_named_are_the_ones_parse_events_keeps(spark):
+    rows = bronze(spark, [bronze_row(7, event()), bronze_row(8, b"{not json")])
+    kept = ["topic", "partition", "offset", "value"]
+
+    parsed = parse_events(rows, EVENTS, kept)
+
+    assert parsed.columns == [*kept, *EVENTS.names, "reason"]
+    everything = parse_events(rows).select(*parsed.columns)
+    assert_df_equality(parsed, everything, ignore_row_order=True)
+    with pytest.raises(ValueError, match="bronze_columns"):
+        parse_events(rows, EVENTS, "offset")
+
+
 OUT_OF_RANGE = "field event_time is outside the supported range [1583-01-01T00:00:00Z, 9999-01-01T00:00:00Z)"
 MALFORMED = [
     (None, "null value (tombstone)"),

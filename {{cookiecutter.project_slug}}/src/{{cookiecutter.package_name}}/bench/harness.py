@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -59,6 +60,34 @@ def say(message: str) -> None:
 
 def seconds(duration: str) -> float:
     return float(duration_seconds(duration, "bench trigger"))
+
+
+def own_cpus() -> str:
+    """The CPUs this process may run on, as ``taskset -c`` takes them ("0,1").
+
+    Example::
+
+        own_cpus()  # "0,1"
+    """
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
+def on_cpus(command: list[str], cpus: str | None) -> list[str]:
+    """``command`` run on the CPUs ``cpus`` names (``taskset -c``); as it is when ``cpus`` is None.
+
+    Two systems compared side by side each run so, on the same CPUs: neither gets a core the other lacks.
+
+    Example::
+
+        subprocess.Popen(on_cpus(["spark-pipelines", "run"], own_cpus()))
+    """
+    if not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
+        raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
+    if cpus is None:
+        return list(command)
+    if not isinstance(cpus, str) or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cpus):
+        raise ValueError(f'cpus must be a CPU list as taskset -c takes it ("0,1", "0-3"), not {cpus!r}')
+    return ["taskset", "-c", cpus, *command]
 
 
 # --------------------------------------------------------------------------- progress
@@ -212,6 +241,8 @@ class Bench:
         self.topics: list[str] = []
         self.metrics: dict[str, Metric] = {}
         self.details: dict = {}
+        # Where a phase keeps what its figures came from (logs), beside bench.json; None: nowhere.
+        self.evidence_dir: Path | None = None
 
     def start(self) -> None:
         from pyspark.sql import SparkSession

@@ -53,19 +53,24 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlparse
 
 from ..pipeline.config import Config
 from ..pipeline.datasets.events import EVENTS
-from ..pipeline.delta.tables import GOLD, LAYERS, Lakehouse
+from ..pipeline.delta.tables import BRONZE, GOLD, LAYERS, QUARANTINE, SILVER, Lakehouse
 from ..pipeline.kafka.clients import bootstrap_servers
+from ..pipeline.session.spark import snapshot_partitions
 from . import sdp
-from .harness import Bench, say
+from .harness import Bench, on_cpus, own_cpus, say
 from .load import produce_backlog, produce_one_transaction
 from .recovery import drain_process
 
@@ -88,16 +93,50 @@ POLL_S = 0.05
 # `spark-pipelines run`s a workload may take before silver must have read all of bronze (``SdpPeer.drain``).
 MAX_RUNS = 3
 WORKLOADS = ("catch_up", "increment", "one_record")
+# The peer's flows: the three layers and silver's quarantine (sdp_flows.py).
+PEER_QUARANTINE = "quarantine"
+PEER_FLOWS = (*LAYERS, PEER_QUARANTINE)
+# Spark's default driver memory, which the project's drains run with: SDP's server is given the same, outright.
+DRIVER_MEMORY = "1g"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class Dedup(StrEnum):
+    """SDP bronze's dedup on the Kafka coordinates (``peer.bronze_dedup`` in sdp_flows.py)."""
+
+    # None: Delta's streaming sink already skips a replayed batch, so a dedup buys SDP nothing.
+    NONE = "none"
+    # On RocksDB's state store, as a competent user runs a stateful operator.
+    ROCKSDB = "rocksdb"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way the pairs run: SDP bronze's dedup, and whether SDP reads a backlog in the project's batch
+    size (``capped``) or in one batch. The project always runs as configured (its batch size)."""
+
+    name: str
+    dedup: Dedup
+    capped: bool
+
+
+# The headline first: SDP as a competent user runs a catch-up, uncapped and without the dedup.
+SETUPS = (
+    Setup("fair", Dedup.NONE, capped=False),
+    Setup("rocksdb", Dedup.ROCKSDB, capped=False),
+    Setup("capped", Dedup.NONE, capped=True),
+)
 
 
 # --------------------------------------------------------------------------- the peer's files
 
 
-def spark_defaults(jars: list[str], home: Path | str) -> dict[str, str]:
+def spark_defaults(jars: list[str], home: Path | str, driver_memory: str = DRIVER_MEMORY) -> dict[str, str]:
     """The static settings of the peer's Spark Connect server, for its ``spark-defaults.conf``.
 
     Delta's extension and catalog, a Hive catalog on an embedded Derby database and a warehouse, both
-    under ``home`` (so a second run finds the tables of the first), Delta as the default format.
+    under ``home`` (so a second run finds the tables of the first), Delta as the default format, and
+    the driver's memory (the project's drains run with Spark's default, ``DRIVER_MEMORY``).
 
     Example::
 
@@ -107,9 +146,12 @@ def spark_defaults(jars: list[str], home: Path | str) -> dict[str, str]:
         raise ValueError(f"jars must be a non-empty list of jar paths, not {jars!r}")
     if not str(home):
         raise ValueError("home must name a directory")
+    if not isinstance(driver_memory, str) or not re.fullmatch(r"\d+[kmgt]", driver_memory):
+        raise ValueError(f"driver_memory must be a JVM size such as 1g, not {driver_memory!r}")
     home = Path(home).absolute()
     return {
         "spark.jars": ",".join(jars),
+        "spark.driver.memory": driver_memory,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # The in-memory catalog forgets the tables between runs: the second run would fail.
@@ -148,8 +190,15 @@ def write_spark_defaults(conf_dir: Path | str, settings: dict[str, str]) -> Path
     return path
 
 
-def pipeline_configuration(config: Config, dedup_watermark: str = "10 minutes") -> dict[str, str]:
+def pipeline_configuration(
+    config: Config, dedup: Dedup = Dedup.NONE, capped: bool = False, dedup_watermark: str = "10 minutes"
+) -> dict[str, str]:
     """The spec's ``configuration``: what ``sdp_flows.py`` reads (``peer.*``) and session settings only.
+
+    Every plain Spark, Delta and Kafka setting the project's drains run with is SDP's too: the shuffle
+    partitions, Delta's snapshot partitions, the Kafka source's fetch wait, the session's time zone.
+    ``capped``: bronze reads a backlog in batches of ``config``'s size, as the project does; otherwise
+    in one. ``dedup``: bronze's dedup on the Kafka coordinates, and its state store.
 
     Example::
 
@@ -159,16 +208,26 @@ def pipeline_configuration(config: Config, dedup_watermark: str = "10 minutes") 
         raise TypeError(f"config must be a pipeline Config, not {type(config).__name__}")
     if len(config.kafka.topics) != 1:
         raise ValueError(f"the peer reads one topic, not {config.kafka.topics}")
-    return {
+    if not isinstance(dedup, Dedup):
+        raise TypeError(f"dedup must be a Dedup, not {dedup!r}")
+    if not isinstance(capped, bool):
+        raise TypeError(f"capped must be a bool, not {capped!r}")
+    configuration = {
         "peer.bootstrap_servers": bootstrap_servers(config),
         "peer.topic": config.kafka.topics[0],
-        "peer.max_offsets_per_trigger": str(config.kafka.max_offsets_per_trigger or 0),
+        "peer.max_offsets_per_trigger": str(config.kafka.max_offsets_per_trigger or 0) if capped else "0",
+        "peer.fetch_max_wait_ms": str(config.kafka.fetch_max_wait_ms),
         "peer.window": config.gold_window,
+        "peer.bronze_dedup": dedup.value,
         "peer.dedup_watermark": dedup_watermark,
         # Session settings only: a static one here fails every flow with CANNOT_MODIFY_CONFIG.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.databricks.delta.snapshotPartitions": str(snapshot_partitions(config.shuffle_partitions)),
     }
+    if dedup is Dedup.ROCKSDB:
+        configuration["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB_PROVIDER
+    return configuration
 
 
 def pipeline_spec(name: str, storage: Path | str, libraries: list[str], configuration: dict[str, str]) -> dict:
@@ -482,12 +541,21 @@ class SdpPeer:
         run = peer.run(timeout_s=1800)  # {"wall_s": ..., "startup_s": ..., "layer_seconds": {...}, ...}
     """
 
-    def __init__(self, home: Path | str, jars: list[str], configuration: dict[str, str], name: str = "bench-peer"):
+    def __init__(
+        self,
+        home: Path | str,
+        jars: list[str],
+        configuration: dict[str, str],
+        name: str = "bench-peer",
+        cpus: str | None = None,
+    ):
         if not str(home):
             raise ValueError("home must name a directory")
         self.home = Path(home).absolute()
         self.defaults = spark_defaults(jars, self.home)
         self.spec = pipeline_spec(name, self.home / "storage", [FLOWS_FILE.name], configuration)
+        # The CPUs `spark-pipelines run` runs on (``harness.on_cpus``): the project's drains run on the same.
+        self.cpus = cpus
         self.runs = 0
 
     @property
@@ -545,9 +613,10 @@ class SdpPeer:
         log_path = self.home / f"run-{self.runs}.log"
         with log_path.open("wb") as log:
             launched = time.monotonic()
+            launched_at = time.time()
             # Derby writes derby.log into the working directory: the peer's home.
             process = subprocess.Popen(
-                [str(sdp.command()), "run", "--spec", str(self.spec_path)],
+                on_cpus([str(sdp.command()), "run", "--spec", str(self.spec_path)], self.cpus),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
@@ -571,13 +640,14 @@ class SdpPeer:
         flows.poll()
         times = flow_times(flows.lines, launched)
         final = {flow: states[-1] for flow, states in times["flow_states"].items()}
-        if process.returncode != 0 or set(final) != set(LAYERS) or set(final.values()) != {"COMPLETED"}:
+        if process.returncode != 0 or set(final) != set(PEER_FLOWS) or set(final.values()) != {"COMPLETED"}:
             raise RuntimeError(
                 f"`spark-pipelines run` failed (exit {process.returncode}, flows {final}); log {log_path}:\n"
                 f"{flows.tail()}"
             )
         return {
             "launched": launched,
+            "launched_at": launched_at,
             "wall_s": times["end_seconds"],
             "exit_s": exited - launched,
             "startup_s": times["startup_seconds"],
@@ -648,45 +718,101 @@ def combine_runs(runs: list[dict]) -> dict:
         "startup_s": first["startup_s"],
         "layer_seconds": {layer: sum(run["layer_seconds"][layer] for run in runs) for layer in LAYERS},
         "gold_empty_s": max(run["gold_empty_s"] for run in runs),
+        "launched_at": first.get("launched_at"),
         "runs": len(runs),
-        "each_run": [{key: value for key, value in run.items() if key != "launched"} for run in runs],
+        "each_run": [
+            {key: value for key, value in run.items() if key not in ("launched", "launched_at")} for run in runs
+        ],
     }
 
 
 # --------------------------------------------------------------------------- the comparison
 
 
-def project_run(drain: dict) -> dict:
-    """The figures of a project drain (``recovery.drain_process``) in the shape of ``SdpPeer.run``'s."""
+def layer_times(tables: dict[str, Path], launched_at: float, before: dict[str, int], startup_s: float) -> dict:
+    """When each layer's table had its last commit of a workload, from the Delta log of each, measured
+    the same way for both systems: ``done_s``, seconds from the launch (``launched_at``, wall clock) to
+    the table's newest commit after version ``before[layer]``; ``layer_seconds``, each layer's share:
+    bronze from the end of start-up (``startup_s``) to its last commit, every later layer from the
+    previous layer's last commit to its own (0 when it ended first: a layer run beside the one before).
+
+    Example::
+
+        layer_times({"bronze": root / "bronze", ...}, drain["launched_at"], {"bronze": -1, ...}, 9.5)
+    """
+    if set(tables) != set(LAYERS) or set(before) != set(LAYERS):
+        raise ValueError(f"tables and before name the layers {LAYERS}, not {sorted(tables)} and {sorted(before)}")
+    done: dict[str, float] = {}
+    for layer in LAYERS:
+        stamps = [
+            commit["timestamp"]
+            for commit in delta_commits(tables[layer])
+            if commit["version"] > before[layer] and commit["timestamp"]
+        ]
+        if not stamps:
+            raise RuntimeError(f"{layer}: no commit after version {before[layer]} in {tables[layer]}")
+        done[layer] = max(stamps) / 1000 - launched_at
+    shares, previous = {}, startup_s
+    for layer in LAYERS:
+        shares[layer] = max(done[layer] - previous, 0.0)
+        previous = max(previous, done[layer])
+    return {"done_s": done, "layer_seconds": shares}
+
+
+def versions(tables: dict[str, Path]) -> dict[str, int]:
+    """Each table's newest version (-1 before its first commit), from its Delta log."""
+    return {layer: table_version(path) for layer, path in tables.items()}
+
+
+def project_run(drain: dict, tables: dict[str, Path], before: dict[str, int]) -> dict:
+    """The figures of a project drain (``recovery.drain_process``) in the shape of the peer's: the whole
+    process's time (``wall_s``), its start-up, and each layer's from the tables' Delta logs."""
     return {
-        "wall_s": drain["start_s"] + drain["drain_s"],
+        "wall_s": drain["exit_s"],
         "startup_s": drain["start_s"],
-        "layer_seconds": {layer: end - start for layer, (start, end) in drain["layer_spans"].items()},
-        "layer_spans": drain["layer_spans"],
+        **layer_times(tables, drain["launched_at"], before, drain["start_s"]),
+        "stream_spans": drain["layer_spans"],
         "batches": drain.get("batches", {}),
+        "log": drain["log"],
     }
 
 
-def _same_gold(bench: Bench, project_gold: str, peer_gold: str, workload: str) -> int:
-    """Both golds hold the same rows (the peer's cast to the project's types); returns their number.
+def peer_run(drain: dict, tables: dict[str, Path], before: dict[str, int]) -> dict:
+    """The figures of ``SdpPeer.drain`` measured as ``project_run`` measures the project's."""
+    return {
+        **drain,
+        "wall_s": drain["exit_s"],
+        "flow_seconds": drain["layer_seconds"],
+        **layer_times(tables, drain["launched_at"], before, drain["startup_s"]),
+    }
 
-    Fails loudly otherwise, naming a few rows each holds alone: the ratios compare the same work only.
-    """
+
+def _same_tables(bench: Bench, project: Lakehouse, peer: SdpPeer, workload: str) -> dict[str, int]:
+    """Both golds hold the same rows (the peer's cast to the project's types) and both quarantines the same
+    Kafka records; returns their numbers. Fails loudly otherwise, naming a few rows each holds alone:
+    the ratios compare the same work only."""
     from pyspark.sql import functions as F
 
     columns = [*EVENTS.gold_key, *EVENTS.gold_values]
-    project = bench.spark.read.format("delta").load(project_gold).select(*columns)
-    types = {field.name: field.dataType for field in project.schema.fields}
-    peer = bench.spark.read.format("delta").load(peer_gold).select(*[F.col(c).cast(types[c]).alias(c) for c in columns])
-    only_project = project.exceptAll(peer)
-    only_peer = peer.exceptAll(project)
-    missing, extra = only_project.count(), only_peer.count()
-    if missing or extra:
-        raise RuntimeError(
-            f"peer, {workload}: the two golds differ: {missing} rows only in the project's "
-            f"(e.g. {only_project.limit(3).collect()}), {extra} only in SDP's (e.g. {only_peer.limit(3).collect()})"
-        )
-    return project.count()
+    own = bench.spark.read.format("delta").load(project.table(GOLD)).select(*columns)
+    types = {field.name: field.dataType for field in own.schema.fields}
+    theirs = (
+        bench.spark.read.format("delta")
+        .load(str(peer.table(PEER_GOLD)))
+        .select(*[F.col(c).cast(types[c]).alias(c) for c in columns])
+    )
+    coordinates = ["topic", "partition", "offset", "reason"]
+    own_quarantine = bench.spark.read.format("delta").load(project.table(QUARANTINE)).select(*coordinates)
+    their_quarantine = bench.spark.read.format("delta").load(str(peer.table(PEER_QUARANTINE))).select(*coordinates)
+    for what, mine, other in (("golds", own, theirs), ("quarantines", own_quarantine, their_quarantine)):
+        only_project, only_peer = mine.exceptAll(other), other.exceptAll(mine)
+        missing, extra = only_project.count(), only_peer.count()
+        if missing or extra:
+            raise RuntimeError(
+                f"peer, {workload}: the two {what} differ: {missing} rows only in the project's "
+                f"(e.g. {only_project.limit(3).collect()}), {extra} only in SDP's (e.g. {only_peer.limit(3).collect()})"
+            )
+    return {"gold_rows": own.count(), "quarantined": own_quarantine.count()}
 
 
 def ratio(peer: float, project: float) -> float:
@@ -694,118 +820,186 @@ def ratio(peer: float, project: float) -> float:
     return peer / project if project > 0 else float("inf")
 
 
-def measure(bench: Bench) -> None:
-    """The project and SDP on a topic of the phase's own, taking turns: catch-up, increment, one record.
+def load_average() -> float:
+    """The machine's load over the last minute, as a run starts: what else was running."""
+    return os.getloadavg()[0]
 
-    Its own topic: the benchmark's is fed by the latency and fixed-overhead phases before this one.
+
+def measure(bench: Bench) -> None:
+    """The project and SDP in pairs, each pair from fresh storage on a topic of its own holding the same
+    records: the catch-up, an increment and one record, the two taking turns (never at the same time),
+    on the same CPUs. ``sizes.peer_pairs`` pairs of the fair setup, ``sizes.peer_variant_pairs`` of each
+    other (``SETUPS``). Each run's log is kept (``keep_evidence``).
     """
     absent = sdp.missing()
     if absent:
         say(f"peer: skipped, no `{sdp.EXTRA}` extra here (missing {', '.join(absent)}); `make bench` installs it")
         return
     sizes = bench.sizes
-    root = bench.work / "peer"
+    jars = peer_jars(bench.spark)
+    cpus = own_cpus()
+    records = {"catch_up": sizes.peer_records, "increment": sizes.peer_increment, "one_record": 1}
+    setups: dict[str, list[dict]] = {}
+    for setup in SETUPS:
+        count = sizes.peer_pairs if setup.name == SETUPS[0].name else sizes.peer_variant_pairs
+        setups[setup.name] = [_pair(bench, setup, index, jars, cpus) for index in range(count)]
+    _report(bench, setups, records)
+
+
+def _pair(bench: Bench, setup: Setup, index: int, jars: list[str], cpus: str) -> dict:
+    """One pair of ``setup``: both systems from fresh storage, every workload; the project first in even pairs."""
+    sizes = bench.sizes
+    root = bench.work / "peer" / f"{setup.name}-{index}"
+    # A topic of its own with the same records (the same seeds): the benchmark's is fed by other phases.
     topic = bench.create_topic(f"bench-peer-{uuid.uuid4().hex[:8]}")
     config = bench.phase_config(root / "project", topic)
-    say(f"peer: producing {sizes.peer_records:,} sample records in transactions")
+    say(f"peer, {setup.name} {index + 1}: producing {sizes.peer_records:,} sample records in transactions")
     produce_backlog(config, topic, sizes.peer_records, seed=29)
-    project_gold = Lakehouse(config.lakehouse_root).table(GOLD)
-    peer = SdpPeer(root / "sdp", peer_jars(bench.spark), pipeline_configuration(config))
+    project = Lakehouse(config.lakehouse_root)
+    own_tables = {
+        "bronze": Path(project.table(BRONZE)),
+        "silver": Path(project.table(SILVER)),
+        "gold": Path(project.table(GOLD)),
+    }
+    peer = SdpPeer(root / "sdp", jars, pipeline_configuration(config, setup.dedup, setup.capped), cpus=cpus)
     peer.prepare()
-    records = {"catch_up": sizes.peer_records, "increment": sizes.peer_increment, "one_record": 1}
-    runs: dict[str, dict] = {}
+    peer_tables = {layer: peer.table(layer) for layer in LAYERS}
+    workloads: dict[str, dict] = {}
     for turn, workload in enumerate(WORKLOADS):
         if workload == "increment":
             produce_backlog(config, topic, sizes.peer_increment, seed=31)
         elif workload == "one_record":
             produce_one_transaction(config, topic, 1, seed=37)
-        # Each goes first in turn: neither always finds the other's pages in the cache.
-        order = ("project", "sdp") if turn % 2 == 0 else ("sdp", "project")
-        result: dict[str, dict] = {}
+        # Each goes first in turn, across workloads and pairs: neither always finds the other's pages in the cache.
+        order = ("project", "sdp") if (index + turn) % 2 == 0 else ("sdp", "project")
+        result: dict = {"first": order[0]}
         for system in order:
-            what = (
-                "one record" if workload == "one_record" else f"{workload.replace('_', '-')} of {records[workload]:,}"
-            )
-            say(f"peer: {what}, {system}")
+            say(f"peer, {setup.name} {index + 1}: {workload.replace('_', '-')}, {system}")
+            load = load_average()
             if system == "project":
-                result[system] = project_run(drain_process(bench, config))
+                before = versions(own_tables)
+                result[system] = project_run(drain_process(bench, config, cpus=cpus), own_tables, before)
             else:
-                result[system] = peer.drain(sizes.timeout_s)
-        result["gold_rows"] = _same_gold(bench, project_gold, str(peer.table(PEER_GOLD)), workload)
-        result["first"] = order[0]
-        runs[workload] = result
-    _report(bench, runs, records)
+                before = versions(peer_tables)
+                result[system] = peer_run(peer.drain(sizes.timeout_s), peer_tables, before)
+            result[system]["load_before"] = load
+        result.update(_same_tables(bench, project, peer, workload))
+        workloads[workload] = result
+    keep_evidence(bench, f"{setup.name}-{index + 1}", workloads)
+    return {"setup": setup.name, "pair": index + 1, "topic": topic, "cpus": cpus, "workloads": workloads}
 
 
-def _report(bench: Bench, runs: dict[str, dict], records: dict[str, int]) -> None:
-    catch_up, increment, one = runs["catch_up"], runs["increment"], runs["one_record"]
-    own, peer = catch_up["project"], catch_up["sdp"]
-    n = f"{records['catch_up']:,}"
-    bench.add("peer_project_startup_s", "peer: this project's start-up (catch-up)", own["startup_s"], "s")
-    bench.add("peer_sdp_startup_s", "peer: SDP's start-up (catch-up)", peer["startup_s"], "s")
-    bench.add(
-        "peer_startup_ratio",
-        "peer: SDP / this project, start-up",
-        ratio(peer["startup_s"], own["startup_s"]),
-        "ratio",
-    )
-    for layer in LAYERS:
-        bench.add(
-            f"peer_project_{layer}_s",
-            f"peer: catch-up of {n}, this project's {layer}",
-            own["layer_seconds"][layer],
-            "s",
-        )
-        bench.add(f"peer_sdp_{layer}_s", f"peer: catch-up of {n}, SDP's {layer}", peer["layer_seconds"][layer], "s")
-        bench.add(
-            f"peer_{layer}_ratio",
-            f"peer: SDP / this project, {layer} (catch-up)",
-            ratio(peer["layer_seconds"][layer], own["layer_seconds"][layer]),
-            "ratio",
-        )
-    bench.add("peer_project_total_s", f"peer: catch-up of {n}, this project in all", own["wall_s"], "s")
-    bench.add("peer_sdp_total_s", f"peer: catch-up of {n}, SDP in all", peer["wall_s"], "s")
-    bench.add(
-        "peer_total_ratio",
-        "peer: SDP / this project, in all (catch-up)",
-        ratio(peer["wall_s"], own["wall_s"]),
-        "ratio",
-    )
+def keep_evidence(bench: Bench, pair: str, workloads: dict[str, dict]) -> None:
+    """Each run's log, copied under the bench's evidence directory as ``peer/<pair>/<workload>-<system>[-<n>].log``,
+    where bench.json is written: the figures and what they came from stay together."""
+    if bench.evidence_dir is None:
+        return
+    target = Path(bench.evidence_dir) / "peer" / pair
+    target.mkdir(parents=True, exist_ok=True)
+    for workload, result in workloads.items():
+        shutil.copyfile(result["project"]["log"], target / f"{workload}-project.log")
+        result["project"]["log"] = str(target / f"{workload}-project.log")
+        for number, run in enumerate(result["sdp"]["each_run"], start=1):
+            kept = target / f"{workload}-sdp-{number}.log"
+            shutil.copyfile(run["log"], kept)
+            run["log"] = str(kept)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The median of ``values`` and their range.
+
+    Example::
+
+        spread([1.1, 0.9, 1.0])  # {"median": 1.0, "low": 0.9, "high": 1.1}
+    """
+    if not values:
+        raise ValueError("no values")
+    return {"median": statistics.median(values), "low": min(values), "high": max(values)}
+
+
+def figure_of(workload: str, key: str, layer: str | None = None) -> Callable[[dict, str], float]:
+    """How to read one figure of a pair: ``key`` (of ``layer``, for a per-layer figure) of the run of
+    ``workload`` by a system ("project" or "sdp").
+
+    Example::
+
+        figure_of("catch_up", "layer_seconds", "silver")(pair, "sdp")  # 28.6
+    """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload is one of {WORKLOADS}, not {workload!r}")
+
+    def figure(pair: dict, system: str) -> float:
+        run = pair["workloads"][workload][system]
+        return run[key][layer] if layer is not None else run[key]
+
+    return figure
+
+
+def _add_ratio(bench: Bench, key: str, name: str, pairs: list[dict], figure: Callable[[dict, str], float]) -> None:
+    """SDP's figure over the project's, pair by pair: their median, and in its name their range."""
+    found = spread([ratio(figure(pair, "sdp"), figure(pair, "project")) for pair in pairs])
+    shown = f" (median of {len(pairs)}, {found['low']:.2f} to {found['high']:.2f})" if len(pairs) > 1 else ""
+    bench.add(key, f"{name}{shown}", found["median"], "ratio")
+
+
+def _add_both(
+    bench: Bench, stem: str, what: str, pairs: list[dict], figure: Callable[[dict, str], float], ratio_key: str | None
+) -> None:
+    """Each system's median figure (``peer_<system>_<stem>_s``) and, with ``ratio_key``, their ratio."""
+    for system, who in (("project", "this project"), ("sdp", "SDP")):
+        median = statistics.median(figure(pair, system) for pair in pairs)
+        bench.add(f"peer_{system}_{stem}_s", f"peer: {what}, {who}", median, "s")
+    if ratio_key is not None:
+        _add_ratio(bench, ratio_key, f"peer: SDP / this project, {what}", pairs, figure)
+
+
+def _report(bench: Bench, setups: dict[str, list[dict]], records: dict[str, int]) -> None:
+    fair = setups[SETUPS[0].name]
+    catch_up = f"catch-up of {records['catch_up']:,}"
     more = f"{records['increment']:,} more"
-    bench.add("peer_project_increment_s", f"peer: {more}, this project in all", increment["project"]["wall_s"], "s")
-    bench.add("peer_sdp_increment_s", f"peer: {more}, SDP in all", increment["sdp"]["wall_s"], "s")
-    bench.add(
-        "peer_increment_ratio",
-        f"peer: SDP / this project, {more} in all",
-        ratio(increment["sdp"]["wall_s"], increment["project"]["wall_s"]),
-        "ratio",
-    )
-    own_gold, peer_gold = increment["project"]["layer_seconds"]["gold"], increment["sdp"]["layer_seconds"]["gold"]
-    bench.add("peer_project_increment_gold_s", f"peer: {more}, this project's gold (incremental)", own_gold, "s")
-    bench.add("peer_sdp_increment_gold_s", f"peer: {more}, SDP's gold (full recompute)", peer_gold, "s")
-    bench.add(
-        "peer_increment_gold_ratio",
-        f"peer: SDP / this project, gold of {more}",
-        ratio(peer_gold, own_gold),
-        "ratio",
-    )
-    bench.add("peer_project_one_record_s", "peer: one record, this project in all", one["project"]["wall_s"], "s")
-    bench.add("peer_sdp_one_record_s", "peer: one record, SDP in all", one["sdp"]["wall_s"], "s")
-    bench.add(
-        "peer_one_record_ratio",
-        "peer: SDP / this project, one record in all",
-        ratio(one["sdp"]["wall_s"], one["project"]["wall_s"]),
-        "ratio",
-    )
+    _add_both(bench, "startup", "start-up (catch-up)", fair, figure_of("catch_up", "startup_s"), "peer_startup_ratio")
+    for layer in LAYERS:
+        figure = figure_of("catch_up", "layer_seconds", layer)
+        _add_both(bench, layer, f"{catch_up}, {layer}", fair, figure, f"peer_{layer}_ratio")
+    _add_both(bench, "total", f"{catch_up}, in all", fair, figure_of("catch_up", "wall_s"), "peer_total_ratio")
+    _add_both(bench, "increment", f"{more}, in all", fair, figure_of("increment", "wall_s"), "peer_increment_ratio")
+    gold = figure_of("increment", "layer_seconds", "gold")
+    # This project's gold adds the increment; SDP's recomputes from all of silver.
+    _add_both(bench, "increment_gold", f"{more}, gold", fair, gold, "peer_increment_gold_ratio")
+    one = figure_of("one_record", "wall_s")
+    _add_both(bench, "one_record", "one record, in all", fair, one, "peer_one_record_ratio")
     # Its gold refreshes at every run with new data: the longest wait a reader of gold saw empty.
-    empty = max(runs[workload]["sdp"]["gold_empty_s"] for workload in ("increment", "one_record"))
+    empty = max(
+        pair["workloads"][workload]["sdp"]["gold_empty_s"] for pair in fair for workload in ("increment", "one_record")
+    )
     bench.add("peer_sdp_gold_empty_s", "peer: SDP's gold empty during a refresh (longest)", empty, "s")
     # How many `spark-pipelines run`s each took to get every record to gold (SdpPeer.drain): a fact, no target.
     for workload in WORKLOADS:
         bench.add(
             f"peer_sdp_{workload}_runs",
-            f"peer: {workload.replace('_', '-')}, SDP's runs until silver read all of bronze",
-            runs[workload]["sdp"]["runs"],
+            f"peer: {workload.replace('_', '-')}, SDP's runs until silver read all of bronze (most)",
+            max(pair["workloads"][workload]["sdp"]["runs"] for pair in fair),
             "runs",
         )
-    bench.details["peer"] = {"records": records, "runs": runs}
+    bench.add("peer_pairs", "peer: pairs of the fair setup, each from fresh storage", len(fair), "pairs")
+    # The other setups: SDP's bronze dedup on RocksDB, and both reading the catch-up in the project's batches.
+    for setup in SETUPS[1:]:
+        pairs = setups[setup.name]
+        if not pairs:
+            continue
+        for layer in LAYERS:
+            _add_ratio(
+                bench,
+                f"peer_{setup.name}_{layer}_ratio",
+                f"peer, {setup.name}: SDP / this project, {layer} (catch-up)",
+                pairs,
+                figure_of("catch_up", "layer_seconds", layer),
+            )
+        _add_ratio(
+            bench,
+            f"peer_{setup.name}_total_ratio",
+            f"peer, {setup.name}: SDP / this project, in all (catch-up)",
+            pairs,
+            figure_of("catch_up", "wall_s"),
+        )
+    bench.details["peer"] = {"records": records, "setups": setups}

@@ -31,7 +31,7 @@ from ..pipeline.config import Config
 from ..pipeline.delta.tables import LAYERS, Lakehouse, ensure_tables
 from ..pipeline.kafka.clients import bootstrap_servers
 from ..pipeline.streams import start_stream
-from .harness import Bench, await_query, say
+from .harness import Bench, await_query, on_cpus, say
 
 STARTED = re.compile(r"\[(\w+)\] started \(id ([0-9a-f-]+)\)")
 BATCH = re.compile(r"\[(\w+)\] batch \d+: (\d+) rows")
@@ -119,15 +119,19 @@ def child_env(config: Config) -> dict[str, str]:
     }
 
 
-def drain_process(bench: Bench, config: Config, kill_at: tuple[str, float] | None = None) -> dict:
+def drain_process(
+    bench: Bench, config: Config, kill_at: tuple[str, float] | None = None, cpus: str | None = None
+) -> dict:
     """`run --layer all --available-now` in a new process; ``kill_at`` = (anchor, seconds): SIGKILL its
-    process group that long after the anchor event (see ANCHORS), whichever layer then runs."""
+    process group that long after the anchor event (see ANCHORS), whichever layer then runs; ``cpus``:
+    the process runs on those CPUs alone (``harness.on_cpus``)."""
     _check_kill_at(kill_at)
     log_path = bench.work / f"drain-{uuid.uuid4().hex[:8]}.log"
     with log_path.open("wb") as log:
         launched = time.monotonic()
+        launched_at = time.time()
         process = subprocess.Popen(
-            pipeline_command("run", "--layer", "all", "--available-now"),
+            on_cpus(pipeline_command("run", "--layer", "all", "--available-now"), cpus),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=child_env(config),
@@ -164,6 +168,11 @@ def drain_process(bench: Bench, config: Config, kill_at: tuple[str, float] | Non
     return {
         "start_s": began - launched,
         "drain_s": end - began,
+        # The whole process, from its launch to its exit (None when it was killed), and its launch in wall-clock
+        # seconds: tables' Delta commit timestamps are measured from it.
+        "exit_s": exited_at - launched if killed_at is None else None,
+        "launched_at": launched_at,
+        "log": str(log_path),
         "finished": killed_at is None,
         "killed": killed_at is not None,
         "killed_in": next((layer for layer in spans if f"{layer} ended" not in events), None),

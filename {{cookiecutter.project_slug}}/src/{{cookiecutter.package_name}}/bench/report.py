@@ -46,6 +46,12 @@ PEER_METRIC_KEYS = (
     "peer_sdp_catch_up_runs",
     "peer_sdp_increment_runs",
     "peer_sdp_one_record_runs",
+    "peer_pairs",
+    *(
+        f"peer_{setup}_{layer}_ratio"
+        for setup in ("rocksdb", "capped")
+        for layer in ("bronze", "silver", "gold", "total")
+    ),
 )
 
 DATASETS_METRIC_KEYS = (

@@ -59,6 +59,8 @@ STANDALONE = {
     "peer": peer.measure,
 }
 ONLY_VAR = "BENCH_ONLY"
+# Beside bench.json: the logs its figures came from (the peer's runs).
+EVIDENCE_DIR = "evidence"
 
 
 def only_phases(environ: Mapping[str, str] | None = None) -> list[str] | None:
@@ -126,6 +128,9 @@ def run_bench(
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))
     bench = Bench(config, sizes, work)
+    # This run's evidence replaces the last run's, as its bench.json does.
+    bench.evidence_dir = output_dir / EVIDENCE_DIR
+    shutil.rmtree(bench.evidence_dir, ignore_errors=True)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     started = time.monotonic()
     try:

@@ -46,6 +46,9 @@ class Sizes:
     # The peer (SDP, bench/peer.py): the catch-up both drain from empty storage, then an increment on that history.
     peer_records: int = 1_000_000
     peer_increment: int = 10_000
+    # Pairs of the fair setup (SDP uncapped, without the dedup), each from fresh storage; of each other setup.
+    peer_pairs: int = 5
+    peer_variant_pairs: int = 1
     # Distinct scaling (bench/distinct_scaling.py): values each window's key holds in the distinct count's table.
     distinct_values_per_key: int = 4
     # Datasets cost (bench/datasets_cost.py): the backlog of each dataset's topic, and how many datasets run in
@@ -80,6 +83,7 @@ class Sizes:
             "egress_rows",
             "peer_records",
             "peer_increment",
+            "peer_pairs",
             "distinct_values_per_key",
             "datasets_records",
             "format_records",
@@ -92,6 +96,8 @@ class Sizes:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"Sizes.{name} must be positive or None, got {value!r}")
+        if self.peer_variant_pairs < 0:
+            raise ValueError(f"Sizes.peer_variant_pairs must not be negative, got {self.peer_variant_pairs!r}")
         if self.warmup_records < 0:
             raise ValueError(f"Sizes.warmup_records must not be negative, got {self.warmup_records!r}")
         if not 0.0 < self.kill_fraction < 1.0:
@@ -165,6 +171,8 @@ QUICK_SIZES = Sizes(
     egress_rows=20_000,
     peer_records=20_000,
     peer_increment=2_000,
+    peer_pairs=2,
+    peer_variant_pairs=1,
     distinct_values_per_key=4,
     datasets_records=5_000,
     format_records=20_000,

@@ -19,6 +19,7 @@ A reset rebuilds silver and quarantine from bronze under the current contract
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -187,11 +188,24 @@ def _rejection_reason(contract: Contract) -> Column:
     return F.coalesce(*[F.when(failed, reason) for failed, reason in checks])
 
 
-def parse_events(bronze: DataFrame, contract: Contract = EVENTS) -> DataFrame:
+def parse_events(
+    bronze: DataFrame, contract: Contract = EVENTS, bronze_columns: Sequence[str] | None = None
+) -> DataFrame:
     """Bronze rows plus one typed column per contract field and `reason` (null when the event is valid).
 
-    The value is parsed once, into a VARIANT, and every field is read from that.
+    The value is parsed once, into a VARIANT, and every field is read from that. ``bronze_columns``
+    (default: all of ``bronze``'s) are the columns of ``bronze`` kept: named, they are not asked of
+    ``bronze``, whose plan can then be built where no analysis may run (a query function of Spark
+    Declarative Pipelines).
+
+    Example::
+
+        parsed = parse_events(bronze_batch)
     """
+    if bronze_columns is not None and (
+        isinstance(bronze_columns, str) or not all(isinstance(name, str) and name for name in bronze_columns)
+    ):
+        raise ValueError(f"bronze_columns must be a sequence of column names, not {bronze_columns!r}")
     read = _read_fields(contract)
     timestamps = {
         field.name: F.try_to_timestamp(F.col(_text(field))) for field in contract.fields if field.kind is Kind.TIMESTAMP
@@ -202,7 +216,8 @@ def parse_events(bronze: DataFrame, contract: Contract = EVENTS) -> DataFrame:
         .withColumns(timestamps)
         .withColumns({"reason": _rejection_reason(contract)})
     )
-    return parsed.select(*bronze.columns, *contract.names, "reason")
+    kept = bronze.columns if bronze_columns is None else list(bronze_columns)
+    return parsed.select(*kept, *contract.names, "reason")
 
 
 def parse_records(

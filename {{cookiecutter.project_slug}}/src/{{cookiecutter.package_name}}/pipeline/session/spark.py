@@ -250,7 +250,7 @@ def build_spark(
         # Windows and event times are compared in UTC whatever the machine's zone.
         .config("spark.sql.session.timeZone", "UTC")
         # Small local tables: fewer tasks per Delta snapshot read.
-        .config("spark.databricks.delta.snapshotPartitions", str(max(shuffle_partitions, 2)))
+        .config("spark.databricks.delta.snapshotPartitions", str(snapshot_partitions(shuffle_partitions)))
         # Gold rebuilt from silver at version V goes on at V + 1, which may not exist yet: Delta
         # then waits for it instead of refusing (the only check this setting relaxes for a stream).
         .config("spark.databricks.delta.changeDataFeed.timestampOutOfRange.enabled", "true")
@@ -340,6 +340,19 @@ def _runtime_key() -> str:
         stat = jar.stat()
         parts.append(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def snapshot_partitions(shuffle_partitions: int) -> int:
+    """Delta's ``snapshotPartitions`` for a session of ``shuffle_partitions``: small local tables want fewer
+    tasks per snapshot read than Delta's default of 50.
+
+    Example::
+
+        snapshot_partitions(4)  # 4
+    """
+    if isinstance(shuffle_partitions, bool) or not isinstance(shuffle_partitions, int) or shuffle_partitions < 1:
+        raise ValueError(f"shuffle_partitions must be a positive int, not {shuffle_partitions!r}")
+    return max(shuffle_partitions, 2)
 
 
 def _pyspark_jars() -> Path:
