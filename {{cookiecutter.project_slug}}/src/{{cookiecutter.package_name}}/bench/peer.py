@@ -33,12 +33,13 @@ Running Kafka -> Delta in SDP 4.2.0 takes these (each a fact of that version):
   TABLE_OR_VIEW_NOT_FOUND (SPARK-57489): the dedup is in the flow that reads Kafka.
 
 One more, which the peer has to work around as a team would: on a pipeline's first run SDP starts
-silver when bronze has completed, but on every later run it starts bronze and silver together, and
-silver's availableNow run ends at the bronze version it found at its start. What bronze commits
-after that stays in bronze until the next run: one run of the one-record workload left the record
-out of silver and gold. So ``SdpPeer.drain`` runs `spark-pipelines run` again while bronze holds
-commits silver's checkpoint has not read (``unread``), at most ``MAX_RUNS`` times, then fails naming
-them. Every run's time is SDP's time for the workload (``combine_runs``), and how many runs each
+the flows reading bronze (silver and quarantine) when bronze has completed, but on every later run it
+starts them with bronze, and each one's availableNow run ends at the bronze version it found at its
+start. What bronze commits after that stays in bronze until the next run: one run of the one-record
+workload left the record out of silver and gold, and one of an increment a record out of
+quarantine. So ``SdpPeer.drain`` runs `spark-pipelines run` again while bronze holds commits that
+silver's or quarantine's checkpoint has not read (``unread``), at most ``MAX_RUNS`` times, then fails
+naming them. Every run's time is SDP's time for the workload (``combine_runs``), and how many runs each
 workload took is reported (``peer_sdp_<workload>_runs``).
 
 The peer lives with the benchmark, in the project's ``peer`` extra, which `make bench` installs;
@@ -96,6 +97,8 @@ WORKLOADS = ("catch_up", "increment", "one_record")
 # The peer's flows: the three layers and silver's quarantine (sdp_flows.py).
 PEER_QUARANTINE = "quarantine"
 PEER_FLOWS = (*LAYERS, PEER_QUARANTINE)
+# The flows that stream from bronze, each with a checkpoint of what it has read of it.
+BRONZE_READERS = ("silver", PEER_QUARANTINE)
 # Spark's default driver memory, which the project's drains run with: SDP's server is given the same, outright.
 DRIVER_MEMORY = "1g"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -660,41 +663,39 @@ class SdpPeer:
         }
 
     def drain(self, timeout_s: float, max_runs: int = MAX_RUNS) -> dict:
-        """`spark-pipelines run` until silver has read all of bronze: what a team must do with SDP 4.2.0.
+        """`spark-pipelines run` until silver and quarantine have read all of bronze: what a team must do
+        with SDP 4.2.0.
 
-        On a pipeline's first run SDP starts silver when bronze has completed; on every later run it
-        starts them together, and silver's availableNow run ends at the bronze version it found at its
-        start, so what bronze writes after that waits for the next run. After each run, bronze's
-        commits that silver's checkpoint has not read (``unread``: both logs, exact and cheap) ask for
-        another, up to ``max_runs``; then the phase fails naming what was left behind. The runs'
-        figures are combined (``combine_runs``): all of them are SDP's time for the work.
+        On a pipeline's first run SDP starts the flows reading bronze when bronze has completed; on every
+        later run it starts them with bronze, and each one's availableNow run ends at the bronze version
+        it found at its start, so what bronze writes after that waits for the next run. After each run,
+        bronze's commits that a reader's checkpoint has not read (``unread``, for each of
+        ``BRONZE_READERS``: both logs, exact and cheap) ask for another, up to ``max_runs``; then the
+        phase fails naming what was left behind. The runs' figures are combined (``combine_runs``): all
+        of them are SDP's time for the work.
 
         Why not simply re-run while the last run's bronze wrote rows: that asks for a run too many
-        whenever silver did read them all (every first run, and a re-run whose silver happened to start
-        late), and SDP would be charged for a run it did not need. The checkpoint says what silver has
-        read, bronze's log what there is: exact, from files, without Spark.
+        whenever the readers did read them all (every first run, and a re-run whose readers happened to
+        start late), and SDP would be charged for a run it did not need. A checkpoint says what its flow
+        has read, bronze's log what there is: exact, from files, without Spark.
         """
         if not isinstance(max_runs, int) or max_runs < 1:
             raise ValueError(f"max_runs must be a positive number of runs, not {max_runs!r}")
         runs: list[dict] = []
         while True:
             run = self.run(timeout_s)
-            run["silver_unread"] = unread(self.table("bronze"), self.checkpoint("silver"))
+            behind = {flow: unread(self.table("bronze"), self.checkpoint(flow)) for flow in BRONZE_READERS}
+            run["unread"] = {flow: commits for flow, commits in behind.items() if commits}
             runs.append(run)
-            if not run["silver_unread"]:
+            if not run["unread"]:
                 return combine_runs(runs)
+            left = {flow: [commit["version"] for commit in commits] for flow, commits in run["unread"].items()}
             if len(runs) >= max_runs:
-                left = run["silver_unread"]
                 raise RuntimeError(
-                    f"SDP's silver is still behind bronze after {len(runs)} `spark-pipelines run`: bronze "
-                    f"version(s) {[commit['version'] for commit in left]} "
-                    f"({sum(commit['rows'] or 0 for commit in left):,} rows) never read; logs "
-                    f"{[each['log'] for each in runs]}"
+                    f"SDP's flows are still behind bronze after {len(runs)} `spark-pipelines run`: bronze "
+                    f"version(s) never read, by flow: {left}; logs {[each['log'] for each in runs]}"
                 )
-            say(
-                f"peer: silver has not read bronze version(s) {[commit['version'] for commit in run['silver_unread']]}"
-                f" after run {len(runs)}: running again"
-            )
+            say(f"peer: bronze version(s) not read yet, by flow, {left} after run {len(runs)}: running again")
 
 
 def combine_runs(runs: list[dict]) -> dict:
@@ -977,7 +978,7 @@ def _report(bench: Bench, setups: dict[str, list[dict]], records: dict[str, int]
     for workload in WORKLOADS:
         bench.add(
             f"peer_sdp_{workload}_runs",
-            f"peer: {workload.replace('_', '-')}, SDP's runs until silver read all of bronze (most)",
+            f"peer: {workload.replace('_', '-')}, SDP's runs until its flows read all of bronze (most)",
             max(pair["workloads"][workload]["sdp"]["runs"] for pair in fair),
             "runs",
         )

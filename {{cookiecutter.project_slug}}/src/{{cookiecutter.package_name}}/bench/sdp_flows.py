@@ -16,10 +16,11 @@ pipeline's graph, which only the command has. It reads its settings from the spe
   Connect planner analyses it before bronze exists (SPARK-57489).
 * silver and quarantine: two streaming tables of bronze, each parsing it with the project's own
   per-record work (``silver.parse_events`` with the events contract, which has no expectations: the
-  same VARIANT parse, the same contract checks, the same reasons); silver keeps the valid events,
-  quarantine the others with their reason. SDP writes one table per flow, so each flow parses bronze:
-  that is SDP's cost of the same two tables. The same work on both sides, so that the figures compare
-  the engines and not two parsers.
+  same VARIANT parse, the same contract checks, the same reasons), then keeping what the project's
+  silver keeps (``silver.valid_events``) or its quarantine (``silver.quarantined_records``). Bronze
+  has the project's columns for it, its ``topic_id`` null: the peer does not ask Kafka for topic ids.
+  SDP writes one table per flow, so each flow parses bronze: that is SDP's cost of the same two
+  tables. The same work on both sides, so that the figures compare the engines and not two parsers.
 * gold: a materialized view of silver counted and summed per tumbling event-time window and
   dimension values, as the project's ``gold.window_aggregates``. SDP recomputes it from all of silver
   at every run, truncating it first.
@@ -36,12 +37,14 @@ from pyspark.sql import functions as F
 
 from {{ cookiecutter.package_name }}.pipeline.contract import EVENT_COUNT, WINDOW_END, WINDOW_START
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
-from {{ cookiecutter.package_name }}.pipeline.silver import parse_events
+from {{ cookiecutter.package_name }}.pipeline.silver import parse_events, quarantined_records, valid_events
 
 # Bronze's dedup (``peer.bronze_dedup``): none, or on the Kafka coordinates with its state in RocksDB.
 DEDUPS = ("none", "rocksdb")
 # Bronze's columns, named: a query function may not ask a DataFrame for its columns (no analysis runs there).
-BRONZE_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp", "ingest_time")
+# The project's bronze columns: topic_id null (the peer does not ask Kafka for topic ids), so that silver and
+# quarantine select theirs as the project's do.
+BRONZE_COLUMNS = ("key", "value", "headers", "topic", "topic_id", "partition", "offset", "timestamp", "ingest_time")
 
 spark = SparkSession.active()
 
@@ -75,36 +78,27 @@ def bronze():
     if dedup == "rocksdb":
         records = records.withWatermark("timestamp", setting("dedup_watermark", "10 minutes"))
         records = records.dropDuplicatesWithinWatermark(["topic", "partition", "offset"])
-    return records.select(*BRONZE_COLUMNS[:-1], F.current_timestamp().alias(BRONZE_COLUMNS[-1]))
+    return records.select(
+        "key",
+        "value",
+        "headers",
+        "topic",
+        F.lit(None).cast("string").alias("topic_id"),
+        "partition",
+        "offset",
+        "timestamp",
+        F.current_timestamp().alias("ingest_time"),
+    )
 
 
 @dp.table(name="silver", comment="Valid events, one typed column per contract field")
 def silver():
-    parsed = parse_events(spark.readStream.table("bronze"), EVENTS, BRONZE_COLUMNS)
-    return parsed.where(F.col("reason").isNull()).select(
-        *EVENTS.names,
-        "topic",
-        "partition",
-        "offset",
-        F.col("timestamp").alias("kafka_timestamp"),
-        "ingest_time",
-    )
+    return valid_events(parse_events(spark.readStream.table("bronze"), EVENTS, BRONZE_COLUMNS))
 
 
 @dp.table(name="quarantine", comment="Records the contract refuses, each with the first reason it failed")
 def quarantine():
-    parsed = parse_events(spark.readStream.table("bronze"), EVENTS, BRONZE_COLUMNS)
-    return parsed.where(F.col("reason").isNotNull()).select(
-        "topic",
-        "partition",
-        "offset",
-        F.col("timestamp").alias("kafka_timestamp"),
-        "key",
-        "value",
-        "headers",
-        "reason",
-        "ingest_time",
-    )
+    return quarantined_records(parse_events(spark.readStream.table("bronze"), EVENTS, BRONZE_COLUMNS))
 
 
 @dp.materialized_view(name="gold", comment="Events counted and summed per event-time window and dimensions")
