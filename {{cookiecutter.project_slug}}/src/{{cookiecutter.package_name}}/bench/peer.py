@@ -74,6 +74,7 @@ from . import sdp
 from .harness import Bench, on_cpus, own_cpus, say
 from .load import produce_backlog, produce_one_transaction
 from .recovery import drain_process
+from .report import load_average
 
 FLOWS_FILE = Path(__file__).with_name("sdp_flows.py")
 SPEC_FILE = "pipeline.json"
@@ -753,7 +754,8 @@ def layer_times(tables: dict[str, Path], launched_at: float, before: dict[str, i
         if not stamps:
             raise RuntimeError(f"{layer}: no commit after version {before[layer]} in {tables[layer]}")
         done[layer] = max(stamps) / 1000 - launched_at
-    shares, previous = {}, startup_s
+    shares: dict[str, float] = {}
+    previous = startup_s
     for layer in LAYERS:
         shares[layer] = max(done[layer] - previous, 0.0)
         previous = max(previous, done[layer])
@@ -821,11 +823,6 @@ def ratio(peer: float, project: float) -> float:
     return peer / project if project > 0 else float("inf")
 
 
-def load_average() -> float:
-    """The machine's load over the last minute, as a run starts: what else was running."""
-    return os.getloadavg()[0]
-
-
 def measure(bench: Bench) -> None:
     """The project and SDP in pairs, each pair from fresh storage on a topic of its own holding the same
     records: the catch-up, an increment and one record, the two taking turns (never at the same time),
@@ -857,11 +854,7 @@ def _pair(bench: Bench, setup: Setup, index: int, jars: list[str], cpus: str) ->
     say(f"peer, {setup.name} {index + 1}: producing {sizes.peer_records:,} sample records in transactions")
     produce_backlog(config, topic, sizes.peer_records, seed=29)
     project = Lakehouse(config.lakehouse_root)
-    own_tables = {
-        "bronze": Path(project.table(BRONZE)),
-        "silver": Path(project.table(SILVER)),
-        "gold": Path(project.table(GOLD)),
-    }
+    own_tables = {layer: Path(project.table(name)) for layer, name in zip(LAYERS, (BRONZE, SILVER, GOLD), strict=True)}
     peer = SdpPeer(root / "sdp", jars, pipeline_configuration(config, setup.dedup, setup.capped), cpus=cpus)
     peer.prepare()
     peer_tables = {layer: peer.table(layer) for layer in LAYERS}
@@ -876,6 +869,7 @@ def _pair(bench: Bench, setup: Setup, index: int, jars: list[str], cpus: str) ->
         result: dict = {"first": order[0]}
         for system in order:
             say(f"peer, {setup.name} {index + 1}: {workload.replace('_', '-')}, {system}")
+            # What else was running: the machine's load averages as the run starts.
             load = load_average()
             if system == "project":
                 before = versions(own_tables)
