@@ -4,9 +4,10 @@ import re
 
 import pytest
 
+from {{ cookiecutter.package_name }}.pipeline.config import Mode, load_config
 from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, Kind
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold, Naming
-from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, check_apart, dataset
+from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS, check_apart, dataset, running
 from {{ cookiecutter.package_name }}.pipeline.datasets.events import EVENTS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     FUSED,
@@ -17,6 +18,8 @@ from {{ cookiecutter.package_name }}.pipeline.delta.tables import (
     dataset_streams,
     fused_stream,
 )
+from {{ cookiecutter.package_name }}.pipeline.egress import configure, configured, target
+from {{ cookiecutter.package_name }}.pipeline.streams import declared_stream, stream_names, upstream_streams
 
 ORDERS = Contract(
     fields=(
@@ -221,3 +224,36 @@ BAD_DATASETS = [
 def test_a_bad_dataset_fails_naming_the_dataset_and_what_is_wrong(declare, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         declare()
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_an_available_now_run_waits_for_the_streams_writing_what_a_stream_reads_and_for_no_other(mode):
+    environ = {"PIPELINE_MODE": mode.value}
+    config = configure(load_config("local", environ=environ), environ)
+    names = stream_names(config)
+    writers_of = {}
+    for each in running(config):
+        layered = dataset_streams(each)
+        if mode is Mode.FUSED:
+            writers_of.update({table: {each.stream("fused")} for table in each.tables})
+            continue
+        writers_of.update({table: {name} for name, stream in layered.items() for table in stream.sinks})
+        bronze, silver, *golds = layered
+        assert golds and names.index(bronze) < names.index(silver) < min(names.index(name) for name in golds)
+
+    waits_for = upstream_streams(config, list(names))
+
+    assert set(waits_for) == set(names)
+    for name in names:
+        stream = declared_stream(config, name)
+        assert waits_for[name] == writers_of.get(stream.source, set()), name
+    # Bronze and the fused stream read Kafka: no stream holds them back.
+    assert {name for name, upstream in waits_for.items() if not upstream} == {
+        each.stream("fused" if mode is Mode.FUSED else "bronze") for each in running(config)
+    }
+    # An egress waits for the stream writing the gold it publishes: in the fused mode, the fused stream.
+    for name in configured(config):
+        published = target(config, name)
+        fused = published.dataset.stream("fused")
+        writer = fused if mode is Mode.FUSED else published.dataset.gold_stream(published.gold)
+        assert waits_for[name] == {writer}, name

@@ -11,7 +11,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +25,7 @@ from confluent_kafka import Producer
 from conftest import committed_records, fresh_topic
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
+from test_checkpoints import foreign_lease
 
 from {{ cookiecutter.package_name }}.pipeline.audit.cut import Bound
 from {{ cookiecutter.package_name }}.pipeline.audit.findings import Finding
@@ -30,6 +35,7 @@ from {{ cookiecutter.package_name }}.pipeline.contract import Contract, Field, K
 from {{ cookiecutter.package_name }}.pipeline.dataset import Aggregate, AggregateKind, Dataset, Gold
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import Lakehouse, with_downstream
 from {{ cookiecutter.package_name }}.pipeline.kafka.clients import client_config
+from {{ cookiecutter.package_name }}.pipeline.recovery import lease
 from {{ cookiecutter.package_name }}.pipeline.recovery.crash_points import (
     BETWEEN_SINK_COMMITS,
     CRASH_POINT_VAR,
@@ -241,8 +247,14 @@ def test_a_second_datasets_streams_are_exact_through_crashes_a_reset_and_both_mo
 
     produce(config, orders_topic, FIRST)
     ledger.look()
-    run_available_now(spark, config, PURCHASES.streams, PURCHASES)
+    with streams_seen_together(spark) as seen:
+        run_available_now(spark, config, PURCHASES.streams, PURCHASES)
     assert found(spark, lakehouse) == ledger.expected()
+    # Each stream started once the one writing what it reads had ended; the two golds, which read the same
+    # silver and write tables of their own, ran side by side.
+    bronze_stream, silver_stream, *golds = PURCHASES.streams
+    assert frozenset(golds) in seen, seen
+    assert all(len(together) == 1 for together in seen if bronze_stream in together or silver_stream in together), seen
     # Its bronze holds its topic's records, and the first dataset's tables were never made.
     bronze = spark.read.format("delta").load(lakehouse.table(PURCHASES.bronze))
     assert {row.topic for row in bronze.select("topic").distinct().collect()} == {orders_topic}
@@ -296,8 +308,19 @@ def test_a_second_datasets_streams_are_exact_through_crashes_a_reset_and_both_mo
     assert "purchases_silver starts at bronze version" in switch_mode(spark, config, Mode.LAYERED, PURCHASES)
     produce(config, orders_topic, THIRD)
     ledger.look()
+    # The hourly gold's stream runs elsewhere (its lease held by a live process on another host): its start is
+    # refused, and that refusal is what the run raises once the by-shop gold beside it has taken the order.
+    hourly_stream = PURCHASES.gold_stream(HOURLY)
+    taken = [int(name.name) for name in Path(lease.lease_directory(lakehouse, hourly_stream)).glob("[0-9]*")]
+    held = Path(lease.lease_path(lakehouse, hourly_stream, max(taken, default=0) + 1))
+    foreign_lease(held, int(time.time() * 1000), ttl_s=600)
+    with pytest.raises(lease.LeaseHeld, match=f"(?s){hourly_stream}.*held by pid 4242 on host another-host"):
+        run_available_now(spark, config, PURCHASES.streams, PURCHASES)
+    *layered, hourly = ledger.expected()
+    assert list(found(spark, lakehouse)) == [*layered, fused[3]]
+    held.unlink()  # its holder released it
     run_available_now(spark, config, PURCHASES.streams, PURCHASES)
-    assert found(spark, lakehouse) == ledger.expected()
+    assert found(spark, lakehouse) == (*layered, hourly)
     assert audit_errors(spark, config) == {}
 
     # Then the audit catches what a defect could leave: a value the distinct count never counted, and a
@@ -312,6 +335,27 @@ def test_a_second_datasets_streams_are_exact_through_crashes_a_reset_and_both_mo
         Finding.GOLD_DISTINCT_VALUES_NOT_MATCHING_SILVER: 1,
         Finding.GOLD_WINDOWS_NOT_MATCHING_SILVER: 1,
     }
+
+
+@contextmanager
+def streams_seen_together(spark, every_s: float = 0.05) -> Iterator[set[frozenset[str]]]:
+    """The sets of streams seen active at once in ``spark`` while the block runs, looked at every ``every_s``."""
+    seen: set[frozenset[str]] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            active = frozenset(query.name for query in spark.streams.active)
+            if active:
+                seen.add(active)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
 
 
 def audit_errors(spark, config, bound: Bound | None = None) -> dict[str, int]:

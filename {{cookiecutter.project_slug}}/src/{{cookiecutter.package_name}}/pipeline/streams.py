@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 
 from pyspark.errors import StreamingQueryException
@@ -62,6 +65,8 @@ from .kafka import identity
 from .recovery import checkpoints, lease, rebuild
 from .recovery.sink_progress import IDENTITY_PROPERTY, START_PROPERTY
 from .refusals import Refusal
+
+log = logging.getLogger(__name__)
 
 
 def trigger_for(config: Config, available_now: bool, layer: str = Layer.BRONZE) -> dict:
@@ -99,12 +104,9 @@ def start_stream(
         start_stream(spark, config, "silver", available_now=True).awaitTermination()
     """
     egresses = configured(config)
-    named = dataset
-    # An egress stream is of the dataset whose gold it publishes.
-    dataset = target(config, layer).dataset if layer in egresses else dataset or owner(layer) or EVENTS_DATASET
-    layered, fused_one = dataset_streams(dataset), fused_stream(dataset)
-    if layer not in layered and layer != fused_one.name and layer not in egresses:
-        raise ValueError(f"layer must be one of {', '.join(stream_names(config, named))}, not {layer!r}")
+    stream = declared_stream(config, layer, dataset)
+    dataset = stream.dataset
+    fused_one = fused_stream(dataset)
     lakehouse = Lakehouse(config.lakehouse_root)
     schemas = silver.schemas_for(config, dataset)  # ConfigError before anything starts, for a format it needs
     if layer in (dataset.stream("silver"), fused_one.name):
@@ -116,8 +118,6 @@ def start_stream(
     stream_lease = lease.acquire(spark, lakehouse, layer, ttl_s=ttl_s)
     stream_lease.heartbeat()  # renewed while the stream starts, too
     try:
-        # An egress writes outside the lakehouse: it checks its own sink's marker against the checkpoint.
-        stream = layered.get(layer) or (fused_one if layer == fused_one.name else egress_stream(layer))
         check_mode(spark, lakehouse, layer, dataset)  # at once, without waiting on a lease, where it refuses anyway
         with other_mode_held(spark, lakehouse, layer, ttl_s, dataset):
             check_mode(spark, lakehouse, layer, dataset)  # again, now that no stream of the other mode can start
@@ -152,6 +152,27 @@ def start_stream(
         raise
     stream_lease.guard(query)
     return query
+
+
+def declared_stream(config: Config, name: str, dataset: Dataset | None = None) -> Stream:
+    """The stream ``name`` of ``dataset`` (a layer's, a gold's, the fused one) or an egress stream the config
+    runs, with the table it reads and the tables it writes. Without ``dataset``, of the project's dataset
+    that declares it (``datasets.owner``); an egress stream is of the dataset whose gold it publishes.
+
+    Example::
+
+        declared_stream(config, "orders_silver").source  # "bronze_orders"
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a stream's name, not {type(name).__name__}")
+    if name in configured(config):
+        return dataclasses.replace(egress_stream(name), dataset=target(config, name).dataset)
+    own = dataset or owner(name) or EVENTS_DATASET
+    fused_one = fused_stream(own)
+    found = dataset_streams(own).get(name) or (fused_one if name == fused_one.name else None)
+    if found is None:
+        raise ValueError(f"layer must be one of {', '.join(stream_names(config, dataset))}, not {name!r}")
+    return found
 
 
 def stream_names(config: Config, dataset: Dataset | None = None) -> tuple[str, ...]:
@@ -287,25 +308,78 @@ def check_mode(spark: SparkSession, lakehouse: Lakehouse, layer: str, dataset: D
 def run_available_now(
     spark: SparkSession, config: Config, layers: tuple[str, ...] | None = None, dataset: Dataset | None = None
 ) -> None:
-    """Process everything available, one stream after the other, so each sees what the one before wrote:
-    ``layers`` (stream names; default ``stream_names(config, dataset)``), each of ``dataset``, or without one,
-    of the project's dataset that declares it.
+    """Process everything available in ``layers`` (stream names; default ``stream_names(config, dataset)``),
+    each of ``dataset``, or without one, of the project's dataset that declares it.
 
-    Raises LeaseLost, naming the stream and the way out, if one stopped because this process lost its lease.
+    A stream starts once every stream among ``layers`` that writes the table it reads has ended, so it sees
+    all they wrote; streams that do not read each other's tables (two datasets, a dataset's golds, the
+    egresses of one gold) run side by side in this driver. Starts take turns (``ensure_tables`` and the
+    checks before a start see one start at a time). After a failure no other stream starts, the ones
+    running end their available batches, and the failure of the first failed stream in ``layers``' order
+    is raised; LeaseLost, naming the stream and the way out, if it stopped because this process lost its
+    lease.
+
+    Example::
+
+        run_available_now(spark, config)  # bronze, then silver, then gold; orders' streams beside them
     """
+    names = list(stream_names(config, dataset) if layers is None else layers)
+    waits_for = upstream_streams(config, names, dataset)
     lakehouse = Lakehouse(config.lakehouse_root)
-    for layer in stream_names(config, dataset) if layers is None else layers:
+    starting = threading.Lock()
+
+    def run(layer: str) -> None:
+        with starting:
+            query = start_stream(spark, config, layer, available_now=True, dataset=dataset)
         try:
-            try:
-                start_stream(spark, config, layer, available_now=True, dataset=dataset).awaitTermination()
-            except StreamingQueryException:
-                lease.check_not_lost(lakehouse, layer)  # a batch refused to write: say why, not how
-                raise
-            # A stream the heartbeat stopped because its lease was lost ends like one that
-            # finished: the next stream must not start as if this one had written everything.
-            lease.check_not_lost(lakehouse, layer)
-        finally:
-            cancel_warm_ups(spark)  # the warm-up after the last batch has no batch to serve
+            query.awaitTermination()
+        except StreamingQueryException:
+            lease.check_not_lost(lakehouse, layer)  # a batch refused to write: say why, not how
+            raise
+        # A stream the heartbeat stopped because its lease was lost ends like one that
+        # finished: the streams after it must not start as if it had written everything.
+        lease.check_not_lost(lakehouse, layer)
+
+    ended: set[str] = set()
+    failures: dict[str, BaseException] = {}
+    with ThreadPoolExecutor(max_workers=len(names) or 1, thread_name_prefix="available-now") as pool:
+        running: dict[Future, str] = {}
+        waiting = list(names)
+        while waiting or running:
+            ready = [name for name in waiting if waits_for[name] <= ended] if not failures else []
+            for name in ready:
+                waiting.remove(name)
+                running[pool.submit(run, name)] = name
+            if not running:
+                break  # what waits, waits on a stream that failed
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                name = running.pop(future)
+                if future.exception() is None:
+                    ended.add(name)
+                else:
+                    failures[name] = future.exception()
+            if not running:
+                cancel_warm_ups(spark)  # the warm-ups after the last batches have no batch to serve
+    if failures:
+        first, *others = sorted(failures, key=names.index)
+        for name in others:
+            log.warning("%s failed too: %s", name, failures[name])
+        raise failures[first]
+
+
+def upstream_streams(config: Config, names: list[str], dataset: Dataset | None = None) -> dict[str, set[str]]:
+    """For each stream of ``names``, the streams among ``names`` that write the table it reads.
+
+    Example::
+
+        upstream_streams(config, ["bronze", "silver", "gold"])  # {"bronze": set(), "silver": {"bronze"}, ...}
+    """
+    declared = {name: declared_stream(config, name, dataset) for name in names}
+    return {
+        name: {other for other, writer in declared.items() if other != name and stream.source in writer.sinks}
+        for name, stream in declared.items()
+    }
 
 
 def reset(
