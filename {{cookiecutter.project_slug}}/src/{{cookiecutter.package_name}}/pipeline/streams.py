@@ -329,6 +329,9 @@ def run_available_now(
     starting = threading.Lock()
 
     def run(layer: str) -> None:
+        # PySpark gives each Python thread a JVM thread of its own, without the driver's active session,
+        # which Delta asks for where it loads a table from its checkpoint.
+        SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
         with starting:
             query = start_stream(spark, config, layer, available_now=True, dataset=dataset)
         try:
