@@ -166,7 +166,7 @@ def declared_stream(config: Config, name: str, dataset: Dataset | None = None) -
     if not isinstance(name, str):
         raise TypeError(f"name must be a stream's name, not {type(name).__name__}")
     if name in configured(config):
-        return dataclasses.replace(egress_stream(name), dataset=target(config, name).dataset)
+        return egress_stream(name)
     own = dataset or owner(name) or EVENTS_DATASET
     fused_one = fused_stream(own)
     found = dataset_streams(own).get(name) or (fused_one if name == fused_one.name else None)
