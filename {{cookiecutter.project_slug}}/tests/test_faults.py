@@ -26,8 +26,8 @@ from {{ cookiecutter.package_name }}.cli.exit_codes import ExitCode
 from {{ cookiecutter.package_name }}.cli.local_servers import private_servers
 from {{ cookiecutter.package_name }}.devtools.chaos import (
     Ledger,
-    batch_ids,
     egress_env,
+    has_pending_batch,
     judge,
     pending_batches,
     produce_numbered,
@@ -182,17 +182,6 @@ def assert_compiled(event_logs: Path, streams: list[str]) -> dict[str, Counter]:
     return found
 
 
-def pending_streams(spark, lakehouse: Lakehouse, streams: list[str]) -> set[str]:
-    """The streams of ``streams`` whose checkpoint logged a batch not committed: each replays it when next started."""
-    found = set()
-    for name in streams:
-        checkpoint = lakehouse.checkpoint(name)
-        logged, committed = batch_ids(spark, f"{checkpoint}/offsets"), batch_ids(spark, f"{checkpoint}/commits")
-        if logged and max(logged) > max(committed, default=-1):
-            found.add(name)
-    return found
-
-
 def sinks_oracle(spark, config, ledger: Ledger, env: dict) -> dict:
     """The tables and each egress's sink (read back by plain Kafka and PostgreSQL clients) against ``ledger``."""
     anomalies, _ = judge(spark, config, ledger, env)
@@ -225,8 +214,8 @@ def test_compiled_streams_crashed_at_each_batch_boundary_then_gold_reset_leave_t
         admin = AdminClient(client_config(run_config))
         sinks = egress_env(run_config, f"chain-{uuid.uuid4().hex[:6]}", admin)
         env = compiled_env({**pipeline_env(config), **sinks}, event_logs)
-        sections = [f"egress_{name.removesuffix('_egress')}" for name in egresses]
-        assert env["PIPELINE_EGRESS"] == (",".join(sections) or "none")
+        section_of = {name: f"egress_{name.removesuffix('_egress')}" for name in egresses}
+        assert env["PIPELINE_EGRESS"] == (",".join(section_of.values()) or "none")
 
         # Every point of every stream is reached on batch 0, and a crash while recovering from a crash
         # is covered too. Silver's point between its two commits comes before after_sink_commit, so
@@ -245,12 +234,13 @@ def test_compiled_streams_crashed_at_each_batch_boundary_then_gold_reset_leave_t
             if stream in egresses:
                 # The layers and this egress alone: another egress, which runs beside it, would finish the
                 # batch in which its own point of the chain lies.
-                crash_env["PIPELINE_EGRESS"] = f"egress_{stream.removesuffix('_egress')}"
+                crash_env["PIPELINE_EGRESS"] = section_of[stream]
             crashed = pipeline("run", "--layer", "all", "--available-now", env=crash_env)
 
             assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
             assert f"crash point {crash_at}" in crashed.stderr
-            assert pending_streams(spark, lakehouse, [*STREAMS, *egresses]) == {stream, *unreplayed}, crash_at
+            pending = {name for name in (*STREAMS, *egresses) if has_pending_batch(spark, lakehouse.checkpoint(name))}
+            assert pending == {stream, *unreplayed}, crash_at
             unreplayed |= {stream} & set(egresses)
             if point == BETWEEN_SINK_COMMITS:
                 # The window is real: silver holds the batch, quarantine nothing of it yet.

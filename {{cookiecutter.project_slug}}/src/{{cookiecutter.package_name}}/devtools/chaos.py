@@ -464,15 +464,15 @@ def pending_batches(spark, checkpoint_root: str) -> int:
     root, filesystem = hadoop_filesystem(spark, checkpoint_root)
     if not filesystem.exists(root):
         return 0
-    pending = 0
-    for stream in filesystem.listStatus(root):
-        if not stream.isDirectory():
-            continue
-        directory = stream.getPath().toString()
-        logged, committed = batch_ids(spark, f"{directory}/offsets"), batch_ids(spark, f"{directory}/commits")
-        if logged and max(logged) > max(committed, default=-1):
-            pending += 1
-    return pending
+    streams = [stream.getPath().toString() for stream in filesystem.listStatus(root) if stream.isDirectory()]
+    return sum(has_pending_batch(spark, checkpoint) for checkpoint in streams)
+
+
+def has_pending_batch(spark, checkpoint: str) -> bool:
+    """Whether the stream's ``checkpoint`` (any Hadoop URI) logged a batch's offsets and not its commit: the
+    batch its next start replays."""
+    logged, committed = batch_ids(spark, f"{checkpoint}/offsets"), batch_ids(spark, f"{checkpoint}/commits")
+    return bool(logged) and max(logged) > max(committed, default=-1)
 
 
 # A kill's moment: while the run starts, or a random moment after its first batch (most kills).

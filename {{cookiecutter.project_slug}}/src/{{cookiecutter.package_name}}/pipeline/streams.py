@@ -358,10 +358,11 @@ def run_available_now(
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 name = running.pop(future)
-                if future.exception() is None:
+                error = future.exception()
+                if error is None:
                     ended.add(name)
                 else:
-                    failures[name] = future.exception()
+                    failures[name] = error
             if not running:
                 cancel_warm_ups(spark)  # the warm-ups after the last batches have no batch to serve
     if failures:
