@@ -62,11 +62,22 @@ def pytest_addoption(parser):
     )
 
 
+# The tiers whose tests take minutes, longest first: `make test-all` deals them out before the rest.
+LONG_TIERS = ("faults", "bench", "cluster", "slow")
+
+
 def pytest_collection_modifyitems(items):
     # The broker marker follows from the fixtures a test uses, so it can never be forgotten.
     for item in items:
         if "kafka_broker" in item.fixturenames:
             item.add_marker(pytest.mark.kafka)
+    # Workers take the next test as they finish one: with the long tests first, the last ones
+    # are short, and no worker runs a long test alone at the end while the other has nothing.
+    items.sort(key=_tier_rank)
+
+
+def _tier_rank(item) -> int:
+    return next((rank for rank, tier in enumerate(LONG_TIERS) if item.get_closest_marker(tier)), len(LONG_TIERS))
 
 
 @pytest.fixture(scope="session")

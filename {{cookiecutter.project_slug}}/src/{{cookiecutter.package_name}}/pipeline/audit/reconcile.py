@@ -478,16 +478,18 @@ def count_rows(checks: dict[str, DataFrame]) -> dict[str, int]:
     return {name: found.get(name, 0) for name in checks}
 
 
-def _newest_quarantined_percent(silver_keys: DataFrame, quarantine_keys: DataFrame, newest: int = NEWEST) -> int:
+def _newest_quarantined_percent(copies: DataFrame, newest: int = NEWEST) -> int:
+    """The share of the newest records of each partition that silver or quarantine holds, in quarantine.
+
+    From ``copies_per_record`` (persisted by ``reconcile``): silver and quarantine are not read again.
+    """
     # The newest offsets of each partition: a producer that broke recently shows, whatever came before.
-    flagged = silver_keys.withColumn("quarantined", F.lit(0)).unionByName(
-        quarantine_keys.withColumn("quarantined", F.lit(1))
-    )
-    by_partition = Window.partitionBy("topic", "topic_id", "partition").orderBy(F.desc("offset"))
+    by_partition = Window.partitionBy(*INCARNATION).orderBy(F.desc("offset"))
     share = (
-        flagged.withColumn("rank", F.row_number().over(by_partition))
+        copies.where((F.col("silver") > 0) | (F.col("quarantine") > 0))
+        .withColumn("rank", F.row_number().over(by_partition))
         .where(F.col("rank") <= newest)
-        .agg(F.avg("quarantined"))
+        .agg(F.avg((F.col("quarantine") > 0).cast("int")))
         .first()[0]
     )
     return 0 if share is None else round(100 * share)
@@ -588,7 +590,7 @@ def reconcile(
         not_committed, compacted_away = sums[Finding.BRONZE_RECORDS_NOT_COMMITTED_IN_KAFKA], 0
         if compacted and not_committed:
             not_committed, compacted_away = _explained_by_compaction(kafka, bronze, absent, compacted)
-        newest_quarantined = _newest_quarantined_percent(silver_keys, quarantine_keys)
+        newest_quarantined = _newest_quarantined_percent(copies)
         report = AuditReport()
         report.counts = {
             "kafka_committed_records": sums["kafka_committed_records"],
