@@ -622,10 +622,11 @@ class Nemesis:
 
     # --- the schedule -------------------------------------------------------------------------
 
-    def play(self, actions: int | None = None, replay: Schedule | None = None) -> NemesisReport:
+    def play(self, actions: int | None = None, replay: Schedule | None = None, judged: bool = True) -> NemesisReport:
         """Take ``actions`` seeded actions, or the actions of a recorded schedule with their draws, then a
-        final drain judged by the oracle and the audit. After every step the schedule so far is saved
-        (``schedule_file``), so that a run stopped halfway can be played again too."""
+        final drain judged by the oracle and the audit (``judged=False`` leaves it out: a run that only
+        records a schedule to play). After every step the schedule so far is saved (``schedule_file``),
+        so that a run stopped halfway can be played again too."""
         if replay is None:
             for number in range(1, actions + 1):
                 ready = [(name, weight, act) for name, weight, possible, act in self.actions if possible()]
@@ -640,10 +641,11 @@ class Nemesis:
                 else:
                     # A shortened schedule can leave an action without what it needs (a restore without a copy).
                     print(f"[{number:3d}] {recorded['action']:<8} skipped: its precondition does not hold", flush=True)
-        self._take(len(self.report.steps) + 1, "drain", self.drain, final=True)
-        for table in ("silver", "quarantine"):
-            self.report.silver_sink_commits.update(self._sink_commits(table))
-        self.report.gold_sink_commits.update(self._sink_commits("gold"))
+        if judged:
+            self._take(len(self.report.steps) + 1, "drain", self.drain, final=True)
+            for table in ("silver", "quarantine"):
+                self.report.silver_sink_commits.update(self._sink_commits(table))
+            self.report.gold_sink_commits.update(self._sink_commits("gold"))
         self.report.records_committed = len(self.ledger.committed)
         self.report.records_aborted = len(self.ledger.aborted)
         if self.second is not None:
@@ -1758,9 +1760,11 @@ def run_nemesis(
     broker=None,
     schedule_file: Path | None = None,
     compiled: bool = False,
+    judged: bool = True,
 ) -> NemesisReport:
     """Play ``actions`` seeded actions, or the schedule ``replay``, against a private topic and lakehouse,
-    then judge the end. The schedule taken is saved to ``schedule_file`` after every step.
+    then judge the end (unless ``judged`` is false). The schedule taken is saved to ``schedule_file``
+    after every step.
 
     ``config`` points at the broker and at a lakehouse of this run only (resolved, as for chaos);
     ``broker``, when the caller started it for this run, is restarted by the ``broker`` action.
@@ -1785,7 +1789,7 @@ def run_nemesis(
         compiled = replay.compiled
     nemesis = Nemesis(config, seed, logs, broker=broker, schedule_file=schedule_file, compiled=compiled)
     try:
-        return nemesis.play(actions, replay=replay)
+        return nemesis.play(actions, replay=replay, judged=judged)
     finally:
         nemesis.producer.flush(10)
         del nemesis.producer  # its client closes now, before the caller stops the broker
