@@ -194,7 +194,7 @@ def sinks_oracle(spark, config, ledger: Ledger, env: dict) -> dict:
 # Sixteen driver processes, the last four compiling every query (the audit among them): on a busy 2-core
 # machine about 7 minutes, near the suite's 900 s a test.
 @pytest.mark.timeout(1800)
-def test_streams_crashed_at_each_batch_boundary_then_run_compiled_and_gold_reset_leave_tables_and_egresses_exact(
+def test_streams_crashed_at_each_batch_boundary_then_run_compiled_leave_tables_and_egresses_exact(
     spark, config, tmp_path
 ):
     """The chain of crashes, each run killed at the next point and replaying the batch the run before
