@@ -165,7 +165,7 @@ def test_quick_benchmark_writes_every_metric(tmp_path, monkeypatch):
         assert goal["met"] in (True, False)
 
     details = written["details"]
-    # The formats phase parsed its records each way, through a registry of its own.
+    # The formats phase parsed its records each way, through the bench's registry.
     formats = details["formats"]
     assert formats["records"] == TINY.format_records and formats["schema_id"] > 0
     assert {way: len(runs) for way, runs in formats["seconds"].items()} == {

@@ -217,13 +217,32 @@ def assert_each_version_once(records: list[Record]) -> None:
     assert not doubled, f"published more than once: {doubled}"
 
 
+# What a consumer group's coordinator answers while a broker takes it over or loads it.
+COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
 def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
     """The offset committed on partition 0 by the stream's consumer group: the next batch id; None when none."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"lakehouse-egress-{stream_id}", "enable.auto.commit": False}
     )
+    deadline = time.monotonic() + 60
     try:
-        [found] = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        while True:
+            try:
+                [found] = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+                break
+            except KafkaException as error:
+                # A broker just restarted answers "not coordinator" (or "loading") until it has loaded
+                # the group's coordinator: asked again, not a finding.
+                transient = error.args[0].code() in COORDINATOR_MOVING or error.args[0].retriable()
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
     assert found.error is None, found.error

@@ -37,7 +37,6 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from ..devtools.chaos import send_transaction
-from ..devtools.registry_local import LocalRegistry
 from ..devtools.sample import contract_records, dataset_writer, produce
 from ..pipeline.config import DATASET_PREFIX, Config
 from ..pipeline.dataset import AggregateKind, Dataset, Gold, Naming
@@ -303,17 +302,9 @@ def measure(bench: Bench) -> None:
     everyone = cost_datasets(max(sizes.dataset_counts))
     run_id = uuid.uuid4().hex[:8]
     topics = {each.name: bench.create_topic(f"bench-datasets-{each.name}-{run_id}") for each in everyone}
-    # A dataset in Avro (the orders example) is written and read through a registry of the phase's own.
-    registry = None
-    if any(each.format is not Format.JSON for each in everyone):
-        say("datasets cost: starting a private schema registry")
-        registry = LocalRegistry(bench.work / "datasets-registry")
-    url = registry.start() if registry is not None else ""
-    try:
-        _measure(bench, everyone, topics, run_id, url)
-    finally:
-        if registry is not None:
-            registry.stop()
+    # A dataset in Avro (the orders example) is written and read through the bench's registry.
+    url = bench.registry_url() if any(each.format is not Format.JSON for each in everyone) else ""
+    _measure(bench, everyone, topics, run_id, url)
 
 
 def _measure(bench: Bench, everyone: tuple[Dataset, ...], topics: dict[str, str], run_id: str, url: str) -> None:

@@ -26,7 +26,6 @@ import time
 from datetime import datetime
 from decimal import Decimal
 
-from ..devtools.registry_local import LocalRegistry
 from ..devtools.sample import contract_records
 from ..pipeline.contract import Kind
 from ..pipeline.datasets import DATASETS
@@ -92,55 +91,51 @@ def measure(bench: Bench) -> None:
     dataset = DATASETS[0]
     avro_dataset = dataclasses.replace(dataset, format=Format.AVRO)
     ruled_dataset = dataclasses.replace(dataset, format=Format.JSON, expectations=ten_expectations(dataset.contract))
-    registry = LocalRegistry(bench.work / "registry")
-    url = registry.start()
-    try:
-        schema = reader_schema(dataset.contract)
-        writer_text = json.dumps(schema)
-        schema_id = SchemaRegistryClient(client_conf(url)).register_schema(
-            "bench-formats-value", Schema(writer_text, "AVRO")
-        )
-        parsed_schema = fastavro.parse_schema(schema)
-        header = bytes([0]) + schema_id.to_bytes(4, "big")
-        say(f"formats: writing {sizes.format_records:,} records as JSON and as Avro")
-        rows = {"json": [], "avro": []}
-        for offset, (_, value) in enumerate(contract_records(dataset, sizes.format_records, prefix="fmt")):
-            out = io.BytesIO()
-            fastavro.schemaless_writer(out, parsed_schema, avro_record(dataset.contract, value))
-            rows["json"].append(("bench-formats", 0, offset, value))
-            rows["avro"].append(("bench-formats", 0, offset, header + out.getvalue()))
-        paths = {}
-        for name, values in rows.items():
-            paths[name] = str(bench.work / f"formats-{name}")
-            frame = spark.createDataFrame(values, "topic string, partition int, offset long, value binary")
-            # Kafka's timestamp, which an expectation may read: a minute before now, as a recent record's.
-            frame = frame.withColumn("timestamp", F.current_timestamp() - F.expr("INTERVAL 1 MINUTE"))
-            frame.repartition(2).write.mode("overwrite").parquet(paths[name])
-        del rows
-        writers = WriterSchemas(url)
-        body = wire.body(F.col("value"))
+    url = bench.registry_url()
+    schema = reader_schema(dataset.contract)
+    writer_text = json.dumps(schema)
+    schema_id = SchemaRegistryClient(client_conf(url)).register_schema(
+        "bench-formats-value", Schema(writer_text, "AVRO")
+    )
+    parsed_schema = fastavro.parse_schema(schema)
+    header = bytes([0]) + schema_id.to_bytes(4, "big")
+    say(f"formats: writing {sizes.format_records:,} records as JSON and as Avro")
+    rows = {"json": [], "avro": []}
+    for offset, (_, value) in enumerate(contract_records(dataset, sizes.format_records, prefix="fmt")):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed_schema, avro_record(dataset.contract, value))
+        rows["json"].append(("bench-formats", 0, offset, value))
+        rows["avro"].append(("bench-formats", 0, offset, header + out.getvalue()))
+    paths = {}
+    for name, values in rows.items():
+        paths[name] = str(bench.work / f"formats-{name}")
+        frame = spark.createDataFrame(values, "topic string, partition int, offset long, value binary")
+        # Kafka's timestamp, which an expectation may read: a minute before now, as a recent record's.
+        frame = frame.withColumn("timestamp", F.current_timestamp() - F.expr("INTERVAL 1 MINUTE"))
+        frame.repartition(2).write.mode("overwrite").parquet(paths[name])
+    del rows
+    writers = WriterSchemas(url)
+    body = wire.body(F.col("value"))
 
-        def run(way: str) -> float:
-            source = spark.read.parquet(paths["json" if way.startswith("json") else "avro"])
-            started = time.perf_counter()
-            if way == "json":
-                parsed = parse_events(source, dataset.contract)
-            elif way == "json_ten_expectations":
-                parsed = parse_records(source, ruled_dataset)
-            elif way == "avro":
-                parsed = parse_records(source, avro_dataset, writers)
-            else:
-                parsed = source.select(from_avro(body, writer_text).alias("record")).select("record.*")
-            parsed.write.format("noop").mode("overwrite").save()
-            return time.perf_counter() - started
+    def run(way: str) -> float:
+        source = spark.read.parquet(paths["json" if way.startswith("json") else "avro"])
+        started = time.perf_counter()
+        if way == "json":
+            parsed = parse_events(source, dataset.contract)
+        elif way == "json_ten_expectations":
+            parsed = parse_records(source, ruled_dataset)
+        elif way == "avro":
+            parsed = parse_records(source, avro_dataset, writers)
+        else:
+            parsed = source.select(from_avro(body, writer_text).alias("record")).select("record.*")
+        parsed.write.format("noop").mode("overwrite").save()
+        return time.perf_counter() - started
 
-        seconds: dict[str, list[float]] = {way: [] for way in WAYS}
-        for repeat in range(sizes.format_repeats):
-            for way in WAYS:  # interleaved, so drift on a shared machine hits each alike
-                say(f"formats: {way} parse of {sizes.format_records:,} records ({repeat + 1}/{sizes.format_repeats})")
-                seconds[way].append(run(way))
-    finally:
-        registry.stop()
+    seconds: dict[str, list[float]] = {way: [] for way in WAYS}
+    for repeat in range(sizes.format_repeats):
+        for way in WAYS:  # interleaved, so drift on a shared machine hits each alike
+            say(f"formats: {way} parse of {sizes.format_records:,} records ({repeat + 1}/{sizes.format_repeats})")
+            seconds[way].append(run(way))
     rates = {way: sizes.format_records / statistics.median(runs) for way, runs in seconds.items()}
     bench.add("format_json_rps", "silver parse, JSON", rates["json"], "records/s")
     bench.add("format_avro_rps", "silver parse, Avro through the registry", rates["avro"], "records/s")

@@ -232,6 +232,8 @@ class Bench:
         self.work = Path(work)
         self.broker = None
         self.s3_server = None
+        self.registry = None  # the phases' schema registry: started by the first that needs one (``registry_url``)
+        self.registry_address = ""
         self.s3_root: str | None = None  # s3a://bucket/bench: the storage phase's S3 lakehouses go under it
         self.s3_bucket_settings: list[str] = []  # their names, set in a session the bench did not start
         self.saved_environ: dict[str, str | None] = {}
@@ -356,11 +358,24 @@ class Bench:
             hadoop.set(name, value)
             self.s3_bucket_settings.append(name)
 
+    def registry_url(self) -> str:
+        """The URL of the bench's private schema registry, started at the first call: the phases that write
+        Avro through a registry share it, each under subjects of its own."""
+        from ..devtools.registry_local import LocalRegistry
+
+        if self.registry is None:
+            say("starting a private schema registry")
+            self.registry = LocalRegistry(self.work / "registry")
+            self.registry_address = self.registry.start()
+        return self.registry_address
+
     def stop(self, keep: bool) -> None:
         if self.spark is not None:
             stop_all(self.spark.streams.active)
             if self.own_spark:
                 self.spark.stop()
+        if self.registry is not None:
+            self.registry.stop()
         for name, value in self.saved_environ.items():
             if value is None:
                 os.environ.pop(name, None)
