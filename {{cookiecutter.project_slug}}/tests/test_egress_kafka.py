@@ -42,6 +42,7 @@ from {{ cookiecutter.package_name }}.pipeline.datasets import DATASETS
 from {{ cookiecutter.package_name }}.pipeline.delta.tables import GOLD, GOLD_SCHEMA, Lakehouse
 from {{ cookiecutter.package_name }}.pipeline.egress import Target, target_stream
 from {{ cookiecutter.package_name }}.pipeline.egress.kafka import (
+    COORDINATOR_BUSY,
     EgressError,
     KafkaEgress,
     KafkaEgressSettings,
@@ -217,14 +218,6 @@ def assert_each_version_once(records: list[Record]) -> None:
     assert not doubled, f"published more than once: {doubled}"
 
 
-# What a consumer group's coordinator answers while a broker takes it over or loads it.
-COORDINATOR_MOVING = (
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-)
-
-
 def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
     """The offset committed on partition 0 by the stream's consumer group: the next batch id; None when none."""
     consumer = Consumer(
@@ -238,8 +231,8 @@ def marker(bootstrap: str, topic: str, stream_id: str) -> int | None:
                 break
             except KafkaException as error:
                 # A broker just restarted answers "not coordinator" (or "loading") until it has loaded
-                # the group's coordinator: asked again, not a finding.
-                transient = error.args[0].code() in COORDINATOR_MOVING or error.args[0].retriable()
+                # the group's coordinator: asked again, as the egress asks, not a finding.
+                transient = error.args[0].code() in COORDINATOR_BUSY or error.args[0].retriable()
                 if not transient or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)

@@ -363,7 +363,7 @@ class Bench:
         Avro through a registry share it, each under subjects of its own."""
         from ..devtools.registry_local import LocalRegistry
 
-        if self.registry is None:
+        if not self.registry_address:  # not started, or its start failed: started (again)
             say("starting a private schema registry")
             self.registry = LocalRegistry(self.work / "registry")
             self.registry_address = self.registry.start()
